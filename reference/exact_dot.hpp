@@ -1,0 +1,36 @@
+// Exact matrix products of double matrices (proofs/reference.md, step X.1-X.3).
+//
+// Every entry of C = A * B is returned as an expansion: a short list of doubles whose *exact* sum
+// is the exact dot product. Products are made exact by Veltkamp splitting when an operand has more
+// than 26 significant bits (X.1); sums are made exact by Rump-Ogita-Oishi extraction onto
+// power-of-two grids (X.2). Nothing is rounded: the reference rounds the expansion once, into its
+// own precision (X.3), so its two-precision agreement check sees every rounding it makes.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace qkmla::ref {
+
+class ExactProduct {
+ public:
+  static constexpr int kLevels = 4;  // extraction levels kept inline; rarer entries go long
+  int64_t rows = 0, cols = 0;
+  std::span<const double> entry(int64_t i, int64_t j) const;
+  int64_t long_entries() const { return int64_t(long_terms_.size()); }
+
+ private:
+  friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*,
+                                   int64_t, int64_t);
+  std::vector<double> terms_;  // [rows, cols, kLevels]
+  std::unordered_map<int64_t, std::vector<double>> long_terms_;
+};
+
+// C[i, j] = sum_l A[i*lda + l] * B[l*ldb + j], i < m, l < n, j < k. All inputs finite and either
+// zero or of magnitude in [2^-400, 2^400] (checked: throws std::domain_error), so that no split
+// product underflows.
+ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, const double* B,
+                          int64_t ldb, int64_t k);
+
+}  // namespace qkmla::ref

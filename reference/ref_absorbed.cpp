@@ -1,0 +1,162 @@
+// ref.absorbed: SPEC §1.2 in the reference's precision (proofs/reference.md, steps A.1-A.7).
+// Row-scaled alpha_q (paper Eq. 12), gains applied at run time, alpha_k from the transient key.
+#include <chrono>
+
+#include "ref_common.hpp"
+#include "reference.hpp"
+
+namespace qkmla::ref {
+
+namespace {
+
+struct AbsorbedQuery {
+  MpVec q_latent;  // A.1: (q_nope (.) gamma_cq (.) gamma_ck) . WK_g^T  [r]
+  MpVec rope;      // blockwise: qr^ [d_r]; unified: gained rotated, not normalized [d_r]
+  Mp alpha_q;      // A.2
+};
+
+AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps) {
+  const MlaConfig& c = k.cfg;
+  const Tensor& qn = k.get("q_nope");
+  const Tensor& qp = k.get("q_pe");
+  const Tensor& wk = k.get("w_uk");
+  const bool unified = c.norm == NormMode::Unified, ntr = c.rope_order == RopeOrder::NormThenRope;
+  const Tensor& g_q = k.get(unified ? "gamma_q" : "gamma_cq");
+  const Tensor& g_k = k.get(unified ? "gamma_k" : "gamma_ck");
+  AbsorbedQuery a;
+  const MpVec q = to_mp(&qn.data[size_t(qn.index({b, i, h, 0}))], c.d_c);  // [d_c]
+  a.rope = to_mp(&qp.data[size_t(qp.index({b, i, h, 0}))], c.d_r);         // [d_r]
+  const int64_t pos = k.pos(b, i);
+  MpVec w(size_t(c.d_c));  // q (.) gamma_q (.) gamma_k  [d_c]
+  for (int j = 0; j < c.d_c; ++j) w[size_t(j)] = q[size_t(j)] * g_q[j] * g_k[j];
+  const int col0 = c.group_of(h) * c.d_c;
+  a.q_latent.assign(size_t(c.latent_rank), Mp(0));
+  Mp tmp, wkj;
+  for (int l = 0; l < c.latent_rank; ++l)
+    for (int j = 0; j < c.d_c; ++j) {
+      wkj = wk[int64_t(l) * wk.shape[1] + col0 + j];
+      mac(a.q_latent[size_t(l)], w[size_t(j)], wkj, tmp);
+    }
+  if (!unified) {
+    a.alpha_q = inv_rms(sum_squares(q), c.d_c, eps);
+    if (pos < 0) return a;
+    if (!ntr) rotate(a.rope, k, pos);
+    scale_gain(a.rope, 0, c.d_r, k.get("gamma_rq"), 0, inv_rms(sum_squares(a.rope), c.d_r, eps));
+    if (ntr) rotate(a.rope, k, pos);
+    return a;
+  }
+  if (pos < 0) {
+    a.alpha_q = ntr ? inv_rms(sum_squares(q) + sum_squares(a.rope), c.d_c + c.d_r, eps)
+                    : Mp(std::numeric_limits<double>::quiet_NaN());
+    return a;
+  }
+  if (!ntr) rotate(a.rope, k, pos);
+  a.alpha_q = inv_rms(sum_squares(q) + sum_squares(a.rope), c.d_c + c.d_r, eps);  // U.1
+  scale_gain(a.rope, 0, c.d_r, k.get("gamma_q"), c.d_c, Mp(1));
+  if (ntr) rotate(a.rope, k, pos);
+  return a;
+}
+
+struct CacheRow {
+  MpVec c;        // latent c[t] [r] (exact)
+  MpVec rope;     // blockwise: kr^ [d_r]; unified: gained rotated, not normalized [d_r]
+  MpVec alpha_k;  // A.3: [G]
+};
+
+CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
+  const MlaConfig& cfg = k.cfg;
+  const Tensor& kv = k.get("kv_c");
+  const Tensor& kpe = k.get("k_pe");
+  const bool unified = cfg.norm == NormMode::Unified, ntr = cfg.rope_order == RopeOrder::NormThenRope;
+  CacheRow row;
+  row.c = to_mp(&kv.data[size_t(kv.index({b, t, 0}))], cfg.latent_rank);
+  row.rope = to_mp(&kpe.data[size_t(kpe.index({b, t, 0}))], cfg.d_r);
+  if (!ntr) rotate(row.rope, k, t);
+  const Mp rope_sq = sum_squares(row.rope);  // raw (ntr) or rotated (rtn) statistic
+  for (int g = 0; g < cfg.groups; ++g) {
+    MpVec key(size_t(cfg.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
+    for (int j = 0; j < cfg.d_c; ++j)
+      key[size_t(j)] = from_expansion(d.k0c[size_t(b)].entry(t, g * cfg.d_c + j));
+    row.alpha_k.push_back(unified ? inv_rms(sum_squares(key) + rope_sq, cfg.d_c + cfg.d_r, eps)
+                                  : inv_rms(sum_squares(key), cfg.d_c, eps));
+  }
+  const Mp rope_inv = unified ? Mp(1) : inv_rms(rope_sq, cfg.d_r, eps);
+  scale_gain(row.rope, 0, cfg.d_r, k.get(unified ? "gamma_k" : "gamma_rk"), unified ? cfg.d_c : 0,
+             rope_inv);
+  if (ntr) rotate(row.rope, k, t);
+  return row;
+}
+
+}  // namespace
+
+Outputs ref_absorbed(const Case& k, const Dots& d) {
+  const auto start = std::chrono::steady_clock::now();
+  const MlaConfig& c = k.cfg;
+  const Mp eps = c.eps, scale = c.softmax_scale;
+  const bool unified = c.norm == NormMode::Unified;
+  const Tensor& wv = k.get("w_uv");
+  Outputs o;
+  o.impl = "ref.absorbed";
+  init_outputs(o, k, {"out", "lse", "alpha_q", "alpha_k", "latent_out", "q_latent"});
+  for (int b = 0; b < c.batch; ++b) {
+    const int64_t T = c.seqlens[size_t(b)];
+    std::vector<AbsorbedQuery> rows;  // [S_q * H]
+    for (int i = 0; i < c.s_q; ++i)
+      for (int h = 0; h < c.heads; ++h) {
+        rows.push_back(absorbed_query(k, b, i, h, eps));
+        const int64_t flat = o.tensors["alpha_q"].index({b, i, h});
+        store(o, "alpha_q", flat, rows.back().alpha_q);
+        for (int l = 0; l < c.latent_rank; ++l)
+          store(o, "q_latent", flat * c.latent_rank + l, rows.back().q_latent[size_t(l)]);
+      }
+    std::vector<MpVec> logits(rows.size());
+    std::vector<CacheRow> cache;  // [T_b]: what a decode kernel reads
+    for (int64_t t = 0; t < T; ++t) {
+      cache.push_back(cache_row(k, d, b, t, eps));
+      const CacheRow& cr = cache.back();
+      for (int g = 0; g < c.groups; ++g)
+        store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), cr.alpha_k[size_t(g)]);
+      for (size_t row = 0; row < rows.size(); ++row) {
+        const int i = int(row) / c.heads, h = int(row) % c.heads;
+        if (!k.causal_visible(b, i, t)) continue;
+        const AbsorbedQuery& q = rows[row];
+        const Mp ak = q.alpha_q * cr.alpha_k[size_t(c.group_of(h))];
+        const Mp latent = dot(q.q_latent, cr.c);  // A.4
+        const Mp rope = dot(q.rope, cr.rope);
+        logits[row].push_back(unified ? Mp(scale * ak * (latent + rope))
+                                      : Mp(scale * (ak * latent + rope)));
+      }
+    }
+    for (size_t row = 0; row < rows.size(); ++row) {
+      const int i = int(row) / c.heads, h = int(row) % c.heads;
+      const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);
+      Mp lse;
+      MpVec p;
+      softmax(logits[row], lse, p);  // E.6
+      store(o, "lse", base, lse);
+      MpVec lat(size_t(c.latent_rank), Mp(0));  // A.5: latent_out = sum_t p c[t]
+      Mp tmp;
+      size_t n = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        if (!k.causal_visible(b, i, t)) continue;
+        for (int l = 0; l < c.latent_rank; ++l) mac(lat[size_t(l)], p[n], cache[size_t(t)].c[size_t(l)], tmp);
+        ++n;
+      }
+      const int col0 = c.group_of(h) * c.d_v;
+      Mp w;
+      for (int j = 0; j < c.d_v; ++j) {  // A.6: out = latent_out . WV_g
+        Mp acc = 0;
+        for (int l = 0; l < c.latent_rank; ++l) {
+          w = wv[int64_t(l) * wv.shape[1] + col0 + j];
+          mac(acc, lat[size_t(l)], w, tmp);
+        }
+        store(o, "out", base * c.d_v + j, acc);
+      }
+      for (int l = 0; l < c.latent_rank; ++l) store(o, "latent_out", base * c.latent_rank + l, lat[size_t(l)]);
+    }
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+}  // namespace qkmla::ref

@@ -1,0 +1,62 @@
+#include "ref_common.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/rope.hpp"
+
+namespace qkmla::ref {
+
+MpVec to_mp(const double* p, int n) { return MpVec(p, p + n); }
+
+Mp sum_squares(const MpVec& z, int from, int n) {
+  if (n < 0) n = int(z.size()) - from;
+  Mp acc = 0, tmp;
+  for (int j = from; j < from + n; ++j) mac(acc, z[size_t(j)], z[size_t(j)], tmp);
+  return acc;
+}
+
+Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps) { return 1 / sqrt(sum_sq / n + eps); }
+
+void scale_gain(MpVec& z, int from, int n, const Tensor& gamma, int gamma_from, const Mp& inv) {
+  for (int j = 0; j < n; ++j) z[size_t(from + j)] *= gamma[gamma_from + j] * inv;
+}
+
+void rotate(MpVec& z, const Case& k, int64_t p) {
+  rope_rotate(z.data(), k.cfg.d_r, k.cfg.rope_style, k.get("rope_cos"), k.get("rope_sin"), p);
+}
+
+Mp dot(const MpVec& a, const MpVec& b) {
+  Mp acc = 0, tmp;
+  for (size_t j = 0; j < a.size(); ++j) mac(acc, a[j], b[j], tmp);
+  return acc;
+}
+
+void softmax(const MpVec& logits, Mp& lse, MpVec& p) {
+  p.clear();
+  if (logits.empty()) {
+    lse = -std::numeric_limits<double>::infinity();
+    return;
+  }
+  Mp m = logits[0];
+  for (const Mp& l : logits) m = std::max(m, l);  // the shift only guards exp's range
+  Mp sum = 0;
+  for (const Mp& l : logits) sum += exp(l - m);
+  lse = m + log(sum);
+  p.reserve(logits.size());
+  for (const Mp& l : logits) p.push_back(exp(l - lse));
+}
+
+void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const char* n : names) {
+    o.tensors[n] = make_output(k, n, DType::F64, std::string(n) == "alpha_k" ? nan : 0.0);
+    o.lo[n] = make_output(k, n, DType::F64, 0.0);
+  }
+}
+
+void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x) {
+  split_double(x, o.tensors[name][flat], o.lo[name][flat]);
+}
+
+}  // namespace qkmla::ref

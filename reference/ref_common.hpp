@@ -1,0 +1,32 @@
+// Small multiprecision stages shared by ref.explicit and ref.absorbed.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/outputs.hpp"
+#include "mp.hpp"
+
+namespace qkmla::ref {
+
+using MpVec = std::vector<Mp>;
+
+MpVec to_mp(const double* p, int n);                      // exact
+Mp sum_squares(const MpVec& z, int from = 0, int n = -1);  // sum_j z_j^2
+// E.2: 1 / S with S = sqrt(sum_sq / n + eps): eps inside the root.
+Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps);
+// E.3: z_j * gamma_j * inv over [from, from + n) of z, gamma read from `gamma` at gamma_from.
+void scale_gain(MpVec& z, int from, int n, const Tensor& gamma, int gamma_from, const Mp& inv);
+// E.4: rotation by the table row of position p.
+void rotate(MpVec& z, const Case& k, int64_t p);
+Mp dot(const MpVec& a, const MpVec& b);
+
+// Softmax of one query row over its visible logits (E.6): lse and p (same length as logits).
+// No visible key: lse = -inf, p empty.
+void softmax(const MpVec& logits, Mp& lse, MpVec& p);
+
+// Allocates the named outputs (hi and lo) with NaN fill for alpha_k, 0 otherwise.
+void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names);
+void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x);
+
+}  // namespace qkmla::ref

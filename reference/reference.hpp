@@ -1,0 +1,26 @@
+// ref.explicit and ref.absorbed (SPEC §1.1, §1.2) in Boost.Multiprecision over MPFR.
+// Both evaluate at the precision of the enclosing PrecisionScope; every stage cites its step in
+// proofs/reference.md.
+#pragma once
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/outputs.hpp"
+#include "exact_dot.hpp"
+
+namespace qkmla::ref {
+
+// X.1-X.2: the exact products every multiprecision stage starts from, per batch entry b:
+// k0c[b] = kv_c[b, :T_b] * w_uk  [T_b, G*d_c],  v[b] = kv_c[b, :T_b] * w_uv  [T_b, G*d_v].
+struct Dots {
+  std::vector<ExactProduct> k0c, v;
+  double seconds = 0.0;
+};
+Dots exact_dots(const Case& k);
+
+// Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders.
+Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out);
+// Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent.
+Outputs ref_absorbed(const Case& k, const Dots& d);
+
+}  // namespace qkmla::ref

@@ -1,0 +1,80 @@
+#include "core/case.hpp"
+
+#include <cmath>
+
+namespace qkmla {
+
+const Tensor& Case::get(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) throw ConfigError(name, "missing tensor");
+  return it->second;
+}
+
+bool Case::causal_visible(int b, int i, int64_t t) const {
+  if (t >= cfg.seqlens[size_t(b)]) return false;
+  return !cfg.causal || t <= pos(b, i);
+}
+
+std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,
+                                                                  int64_t t_max, int64_t p_max) {
+  const int64_t B = c.batch, S = c.s_q, H = c.heads, G = c.groups, r = c.latent_rank;
+  std::map<std::string, std::vector<int64_t>> m = {
+      {"q_nope", {B, S, H, c.d_c}},     {"q_pe", {B, S, H, c.d_r}},
+      {"kv_c", {B, t_max, r}},          {"k_pe", {B, t_max, c.d_r}},
+      {"seqlens", {B}},                 {"w_uk", {r, G * c.d_c}},
+      {"w_uv", {r, G * c.d_v}},         {"rope_cos", {p_max, c.d_r / 2}},
+      {"rope_sin", {p_max, c.d_r / 2}},
+  };
+  if (c.norm == NormMode::Blockwise) {
+    m["gamma_cq"] = m["gamma_ck"] = {c.d_c};
+    m["gamma_rq"] = m["gamma_rk"] = {c.d_r};
+  } else {
+    m["gamma_q"] = m["gamma_k"] = {c.d_c + c.d_r};
+  }
+  return m;
+}
+
+void validate_case(const Case& k) {
+  const MlaConfig& c = k.cfg;
+  c.validate();
+  const int64_t t_max = k.get("kv_c").shape.size() == 3 ? k.get("kv_c").shape[1] : -1;
+  const int64_t p_max = k.get("rope_cos").shape.empty() ? -1 : k.get("rope_cos").shape[0];
+  for (const auto& [name, shape] : expected_input_shapes(c, t_max, p_max)) {
+    const Tensor& t = k.get(name);
+    if (t.shape != shape)
+      throw ConfigError(name, "shape " + shape_str(t.shape) + " does not match the config's " +
+                                  shape_str(shape));
+  }
+  if (t_max < c.max_seqlen())
+    throw ConfigError("kv_c", "T_max = " + std::to_string(t_max) + " < max(seqlens) = " +
+                                  std::to_string(c.max_seqlen()));
+  if (p_max < t_max)
+    throw ConfigError("rope_cos", "P_max = " + std::to_string(p_max) + " < T_max = " +
+                                      std::to_string(t_max));
+  const Tensor& sl = k.get("seqlens");
+  for (int b = 0; b < c.batch; ++b)
+    if (int(sl[b]) != c.seqlens[size_t(b)])
+      throw ConfigError("seqlens", "tensor says seqlens[" + std::to_string(b) + "] = " +
+                                       std::to_string(int(sl[b])) + ", config says " +
+                                       std::to_string(c.seqlens[size_t(b)]));
+  // Non-finite values in the read part of an input are refused: they would make every
+  // comparison meaningless. Cache rows past T_b are unspecified and not read.
+  for (const auto& [name, t] : k.tensors) {
+    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe") continue;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(t[i]))
+        throw ConfigError(name, "non-finite value at flat index " + std::to_string(i));
+  }
+  for (const char* name : {"kv_c", "k_pe"}) {
+    const Tensor& t = k.get(name);
+    const int64_t width = t.shape[2];
+    for (int b = 0; b < c.batch; ++b)
+      for (int64_t tok = 0; tok < c.seqlens[size_t(b)]; ++tok)
+        for (int64_t j = 0; j < width; ++j)
+          if (!std::isfinite(t.at({b, tok, j})))
+            throw ConfigError(name, "non-finite value at [" + std::to_string(b) + ", " +
+                                        std::to_string(tok) + ", " + std::to_string(j) + "]");
+  }
+}
+
+}  // namespace qkmla

@@ -1,0 +1,189 @@
+#include "core/config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace qkmla {
+
+namespace {
+template <class E, size_t N>
+E parse_enum(const std::string& key, const std::string& s,
+             const std::pair<const char*, E> (&table)[N]) {
+  std::string allowed;
+  for (const auto& [name, value] : table) {
+    if (s == name) return value;
+    allowed += (allowed.empty() ? "" : "|") + std::string(name);
+  }
+  throw ConfigError(key, "unknown value '" + s + "' (expected " + allowed + ")");
+}
+template <class E, size_t N>
+std::string enum_name(E v, const std::pair<const char*, E> (&table)[N]) {
+  for (const auto& [name, value] : table)
+    if (value == v) return name;
+  return "?";
+}
+const std::pair<const char*, NormMode> kNorm[] = {{"blockwise", NormMode::Blockwise},
+                                                  {"unified", NormMode::Unified}};
+const std::pair<const char*, RopeOrder> kOrder[] = {{"norm_then_rope", RopeOrder::NormThenRope},
+                                                    {"rope_then_norm", RopeOrder::RopeThenNorm}};
+const std::pair<const char*, RopeStyle> kStyle[] = {{"interleaved", RopeStyle::Interleaved},
+                                                    {"half", RopeStyle::Half}};
+const std::pair<const char*, Profile> kProfile[] = {{"fp64", Profile::FP64},
+                                                    {"fp32", Profile::FP32},
+                                                    {"bf16", Profile::BF16},
+                                                    {"fp16", Profile::FP16},
+                                                    {"fp8", Profile::FP8}};
+const std::pair<const char*, Level> kLevel[] = {{"module", Level::Module},
+                                                {"kernel", Level::Kernel}};
+}  // namespace
+
+std::string to_string(NormMode m) { return enum_name(m, kNorm); }
+std::string to_string(RopeOrder o) { return enum_name(o, kOrder); }
+std::string to_string(RopeStyle s) { return enum_name(s, kStyle); }
+std::string to_string(Profile p) { return enum_name(p, kProfile); }
+std::string to_string(Level l) { return enum_name(l, kLevel); }
+NormMode parse_norm(const std::string& s) { return parse_enum("norm", s, kNorm); }
+RopeOrder parse_rope_order(const std::string& s) { return parse_enum("rope_order", s, kOrder); }
+RopeStyle parse_rope_style(const std::string& s) { return parse_enum("rope_style", s, kStyle); }
+Profile parse_profile(const std::string& s) { return parse_enum("profile", s, kProfile); }
+Level parse_level(const std::string& s) { return parse_enum("level", s, kLevel); }
+
+DType stored_dtype(Profile p) {
+  switch (p) {
+    case Profile::FP64: return DType::F64;
+    case Profile::FP32: return DType::F32;
+    case Profile::FP16: return DType::F16;
+    case Profile::BF16: case Profile::FP8: return DType::BF16;
+  }
+  return DType::F64;
+}
+
+DType accumulate_dtype(Profile p) { return p == Profile::FP64 ? DType::F64 : DType::F32; }
+
+int MlaConfig::max_seqlen() const {
+  return seqlens.empty() ? 0 : *std::max_element(seqlens.begin(), seqlens.end());
+}
+
+void MlaConfig::set_default_scale() {
+  if (softmax_scale == 0.0) softmax_scale = 1.0 / std::sqrt(double(d_c + d_r));
+}
+
+void MlaConfig::validate() const {
+  auto positive = [](const char* key, long v) {
+    if (v < 1) throw ConfigError(key, "must be >= 1, got " + std::to_string(v));
+  };
+  positive("heads", heads);
+  positive("groups", groups);
+  if (heads % groups != 0)
+    throw ConfigError("groups", "heads % groups must be 0 (heads=" + std::to_string(heads) +
+                                    ", groups=" + std::to_string(groups) + ")");
+  positive("latent_rank", latent_rank);
+  positive("d_c", d_c);
+  positive("d_v", d_v);
+  if (d_r < 0 || d_r % 2 != 0)
+    throw ConfigError("d_r", "must be even and >= 0 (rotation pairs), got " + std::to_string(d_r));
+  positive("batch", batch);
+  positive("s_q", s_q);
+  if (int(seqlens.size()) != batch)
+    throw ConfigError("seqlens", "has " + std::to_string(seqlens.size()) +
+                                     " entries, batch is " + std::to_string(batch));
+  for (size_t b = 0; b < seqlens.size(); ++b) {
+    const int t = seqlens[b];
+    if (t < 0 || (t > 0 && t < s_q))
+      throw ConfigError("seqlens", "seqlens[" + std::to_string(b) + "] = " + std::to_string(t) +
+                                       ": must be 0 or >= s_q = " + std::to_string(s_q) +
+                                       " (the cache holds the query tokens)");
+  }
+  if (!std::isfinite(eps) || eps < 0 || (eps == 0 && !allow_zero_eps))
+    throw ConfigError("eps", "must be finite and > 0 (eps = 0 needs \"allow_zero_eps\": true)");
+  if (!std::isfinite(softmax_scale) || softmax_scale <= 0)
+    throw ConfigError("softmax_scale", "must be finite and > 0");
+}
+
+std::string config_to_json(const MlaConfig& c) {
+  nlohmann::ordered_json j;
+  j["heads"] = c.heads;
+  j["groups"] = c.groups;
+  j["latent_rank"] = c.latent_rank;
+  j["d_c"] = c.d_c;
+  j["d_r"] = c.d_r;
+  j["d_v"] = c.d_v;
+  j["batch"] = c.batch;
+  j["s_q"] = c.s_q;
+  j["seqlens"] = c.seqlens;
+  j["eps"] = c.eps;
+  j["softmax_scale"] = c.softmax_scale;
+  if (c.allow_zero_eps) j["allow_zero_eps"] = true;
+  j["norm"] = to_string(c.norm);
+  j["rope_order"] = to_string(c.rope_order);
+  j["rope_style"] = to_string(c.rope_style);
+  j["causal"] = c.causal;
+  j["profile"] = to_string(c.profile);
+  j["level"] = to_string(c.level);
+  j["preset"] = c.preset;
+  j["scenario"] = c.scenario;
+  j["seed"] = c.seed;
+  return j.dump();
+}
+
+MlaConfig config_from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("qkmla.config", std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ConfigError("qkmla.config", "must be a JSON object");
+  static const std::set<std::string> known = {
+      "heads", "groups", "latent_rank", "d_c", "d_r", "d_v", "batch", "s_q", "seqlens", "eps",
+      "softmax_scale", "allow_zero_eps", "norm", "rope_order", "rope_style", "causal",
+      "profile", "level", "preset", "scenario", "seed"};
+  for (const auto& [key, value] : j.items())
+    if (!known.count(key)) throw ConfigError(key, "unknown config key (a typo would change the math)");
+  static const char* required[] = {"heads", "groups", "latent_rank", "d_c", "d_r", "d_v",
+                                   "batch", "s_q", "seqlens", "eps", "softmax_scale", "norm",
+                                   "rope_order", "rope_style", "causal"};
+  for (const char* key : required)
+    if (!j.contains(key)) throw ConfigError(key, "missing required config key");
+  MlaConfig c;
+  auto get = [&](const char* key, auto& out) {
+    if (!j.contains(key)) return;
+    try {
+      j.at(key).get_to(out);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(key, std::string("wrong type: ") + e.what());
+    }
+  };
+  auto get_enum = [&](const char* key, auto& out, auto parse) {
+    std::string s;
+    get(key, s);
+    if (j.contains(key)) out = parse(s);
+  };
+  get("heads", c.heads);
+  get("groups", c.groups);
+  get("latent_rank", c.latent_rank);
+  get("d_c", c.d_c);
+  get("d_r", c.d_r);
+  get("d_v", c.d_v);
+  get("batch", c.batch);
+  get("s_q", c.s_q);
+  get("seqlens", c.seqlens);
+  get("eps", c.eps);
+  get("softmax_scale", c.softmax_scale);
+  get("allow_zero_eps", c.allow_zero_eps);
+  get("causal", c.causal);
+  get("preset", c.preset);
+  get("scenario", c.scenario);
+  get("seed", c.seed);
+  get_enum("norm", c.norm, parse_norm);
+  get_enum("rope_order", c.rope_order, parse_rope_order);
+  get_enum("rope_style", c.rope_style, parse_rope_style);
+  get_enum("profile", c.profile, parse_profile);
+  get_enum("level", c.level, parse_level);
+  c.validate();
+  return c;
+}
+
+}  // namespace qkmla

@@ -1,0 +1,43 @@
+// Storage formats and the one rounding function every implementation uses to store a value.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace qkmla {
+
+enum class DType { F64, F32, F16, BF16, F8_E4M3, I32 };
+
+// A binary floating-point format: `precision` significand bits (implicit bit included),
+// normal exponents in [emin, emax]; max_finite is the largest finite value.
+struct FloatFormat {
+  int precision;
+  int emin;
+  int emax;
+  double max_finite;
+  bool has_inf;  // false for e4m3 (saturating conversions in this project)
+};
+
+FloatFormat format_of(DType d);
+std::string dtype_name(DType d);               // safetensors spelling: "F64", "BF16", ...
+DType dtype_from_name(const std::string& s);   // throws std::invalid_argument
+int dtype_size(DType d);                       // bytes per element
+
+// Round x (any double) to the nearest value of format d, ties to even, in one step
+// (never through an intermediate format). Overflow gives +-inf, or +-max for e4m3 (saturation).
+// NaN stays NaN. I32 rounds to nearest integer (ties to even) without range checks.
+double round_to(DType d, double x);
+
+// Unit in the last place of y in format d (at zero and in the subnormal range: the subnormal
+// quantum). NaN for non-finite y.
+double ulp_in(DType d, double y);
+
+// Unit roundoff u = 2^-precision of the format.
+double unit_roundoff(DType d);
+
+// Bit encodings of values already representable in d (checked: throws std::domain_error otherwise).
+uint16_t encode16(DType d, double v);  // F16 or BF16
+double decode16(DType d, uint16_t bits);
+uint8_t encode_e4m3(double v);
+double decode_e4m3(uint8_t bits);
+
+}  // namespace qkmla

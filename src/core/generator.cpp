@@ -1,0 +1,108 @@
+#include "core/generator.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/rng.hpp"
+#include "core/rope.hpp"
+
+namespace qkmla {
+
+const std::vector<std::string>& scenario_names() {
+  static const std::vector<std::string> names = {"normal", "outliers", "tiny_keys",
+                                                 "large_logits"};
+  return names;
+}
+
+namespace {
+
+struct Draw {
+  double q_scale = 1.0;      // q_nope, q_pe
+  double cache_scale = 1.0;  // kv_c, k_pe
+  double gain_mean = 1.0;    // gammas ~ gain_mean * (1 + 0.2 N(0,1))
+  int outlier_channels = 0;  // channels of kv_c and q_nope multiplied by 100
+};
+
+Draw draw_for(const std::string& scenario) {
+  Draw d;
+  if (scenario == "normal") return d;
+  if (scenario == "outliers") {
+    d.outlier_channels = 3;
+    return d;
+  }
+  // Content keys c.WK have mean square ~ mean(c^2) (weights ~ N(0, 1/r)); 1e-5 scale puts both
+  // key mean squares near 1e-10, ten thousand times below the default eps.
+  if (scenario == "tiny_keys") {
+    d.cache_scale = 1e-5;
+    return d;
+  }
+  if (scenario == "large_logits") {
+    d.gain_mean = 10.0;
+    return d;
+  }
+  std::string known;
+  for (const auto& n : scenario_names()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("scenario", "unknown scenario '" + scenario + "' (known: " + known + ")");
+}
+
+// Draws stay in double until every scenario transform is applied; round_once then stores them.
+void fill(Tensor& t, Rng& rng, double scale) {
+  for (double& v : t.data) v = scale * rng.normal();
+}
+
+void fill_gain(Tensor& t, Rng& rng, double mean) {
+  for (double& v : t.data) v = mean * (1.0 + 0.2 * rng.normal());
+}
+
+void round_once(Tensor& t) {
+  for (double& v : t.data) v = round_to(t.dtype, v);
+}
+
+}  // namespace
+
+Case generate_case(const MlaConfig& cfg_in) {
+  MlaConfig cfg = cfg_in;
+  cfg.set_default_scale();
+  cfg.validate();
+  const Draw draw = draw_for(cfg.scenario);
+  const DType d = stored_dtype(cfg.profile);
+  const int64_t t_max = cfg.max_seqlen() + kCachePadding, p_max = t_max + kCachePadding;
+  Case k{cfg, {}};
+  for (const auto& [name, shape] : expected_input_shapes(cfg, t_max, p_max))
+    k.tensors[name] = Tensor(name == "seqlens" ? DType::I32 : d, shape);
+  Rng rng(cfg.seed);
+  // Fixed draw order: the checksum test pins it.
+  fill(k.tensors["q_nope"], rng, draw.q_scale);
+  fill(k.tensors["q_pe"], rng, draw.q_scale);
+  fill(k.tensors["kv_c"], rng, draw.cache_scale);
+  fill(k.tensors["k_pe"], rng, draw.cache_scale);
+  fill(k.tensors["w_uk"], rng, 1.0 / std::sqrt(double(cfg.latent_rank)));
+  fill(k.tensors["w_uv"], rng, 1.0 / std::sqrt(double(cfg.latent_rank)));
+  for (const char* g : {"gamma_cq", "gamma_ck", "gamma_rq", "gamma_rk", "gamma_q", "gamma_k"})
+    if (k.tensors.count(g)) fill_gain(k.tensors[g], rng, draw.gain_mean);
+  for (int o = 0; o < draw.outlier_channels; ++o) {
+    const int64_t ch = int64_t(rng.below(uint64_t(cfg.latent_rank)));
+    Tensor& c = k.tensors["kv_c"];
+    for (int64_t row = 0; row < c.numel() / cfg.latent_rank; ++row)
+      c[row * cfg.latent_rank + ch] *= 100.0;
+    const int64_t qch = int64_t(rng.below(uint64_t(cfg.d_c)));
+    Tensor& q = k.tensors["q_nope"];
+    for (int64_t row = 0; row < q.numel() / cfg.d_c; ++row)
+      q[row * cfg.d_c + qch] *= 100.0;
+  }
+  for (auto& [name, t] : k.tensors) round_once(t);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int b = 0; b < cfg.batch; ++b) {
+    k.tensors["seqlens"][b] = cfg.seqlens[size_t(b)];
+    for (const char* name : {"kv_c", "k_pe"}) {
+      Tensor& t = k.tensors[name];
+      const int64_t w = t.shape[2];
+      for (int64_t tok = cfg.seqlens[size_t(b)]; tok < t_max; ++tok)
+        for (int64_t j = 0; j < w; ++j) t.at({b, tok, j}) = nan;
+    }
+  }
+  make_rope_tables(p_max, cfg.d_r, 10000.0, k.tensors["rope_cos"], k.tensors["rope_sin"]);
+  return k;
+}
+
+}  // namespace qkmla

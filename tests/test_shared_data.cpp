@@ -1,0 +1,53 @@
+// reference.shared_data.*: our reference reproduces the independent cases in ../shared/data.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "io/case_io.hpp"
+#include "mp.hpp"
+#include "reference.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+// max over valid positions of |x - y| / max(|y|, tiny); NaN positions must coincide.
+double max_rel(const Tensor& x, const Tensor& y) {
+  REQUIRE(x.shape == y.shape);
+  double worst = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    if (std::isnan(y[i])) continue;  // alpha_k past T_b: not compared
+    if (std::isinf(y[i])) {
+      CHECK(x[i] == y[i]);
+      continue;
+    }
+    worst = std::max(worst, std::fabs(x[i] - y[i]) / std::max(std::fabs(y[i]), 1e-300));
+  }
+  return worst;
+}
+
+void check_file(const std::string& name) {
+  const std::string path = std::string(QKMLA_SHARED_DATA) + "/" + name;
+  if (!std::filesystem::exists(path)) {
+    MESSAGE("shared data not found at " << path);
+    REQUIRE(std::filesystem::exists(path));
+  }
+  const CaseFile f = read_case(path);
+  ref::PrecisionScope scope(128);
+  const ref::Dots d = ref::exact_dots(f.k);
+  const Outputs ex = ref::ref_explicit(f.k, d, true);
+  const Outputs ab = ref::ref_absorbed(f.k, d);
+  for (const Outputs* o : {&ex, &ab})
+    for (const char* t : {"out", "lse", "alpha_q", "latent_out", "alpha_k"}) {
+      CAPTURE(o->impl);
+      CAPTURE(t);
+      CHECK(max_rel(o->tensors.at(t), f.refs.at(std::string("ref.") + t)) <= 1e-12);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("reference.shared_data.tiny_blockwise_bf16") { check_file("tiny-blockwise-bf16.safetensors"); }
+TEST_CASE("reference.shared_data.tiny_unified_half_fp32") { check_file("tiny-unified-half-fp32.safetensors"); }
+TEST_CASE("reference.shared_data.tiny_noncausal_fp64") { check_file("tiny-noncausal-fp64.safetensors"); }
