@@ -3,13 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <cstring>
 #include <string>
+#include <thread>
 
 namespace qkmla::ref {
 
 namespace {
 
-constexpr int kBlock = 64;  // columns per vectorized block
+constexpr int kBlock = 16;  // columns per vectorized block: L*4 accumulators stay in registers
 
 // X.1: Veltkamp split x = hi + lo with hi, lo of at most 26 significant bits each, so that every
 // product of two parts is exact in double.
@@ -103,6 +105,80 @@ std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   return {&terms_[size_t(flat * kLevels)], size_t(kLevels)};
 }
 
+namespace {
+
+using v4d = double __attribute__((vector_size(32)));  // four independent lanes (GCC/Clang)
+constexpr int kVec = 4, kBlockVecs = kBlock / kVec;
+
+// Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result.
+int trailing_exponent(double x) {
+  int e;
+  const double m = std::frexp(std::fabs(x), &e);  // m in [0.5, 1)
+  const auto bits = int64_t(std::ldexp(m, 53));    // exact: 53-bit integer significand
+  return e - 53 + __builtin_ctzll(uint64_t(bits));
+}
+
+int min_trailing_exponent(const std::vector<double>& v) {
+  int e = 1 << 20;
+  for (double x : v)
+    if (x != 0) e = std::min(e, trailing_exponent(x));
+  return e;
+}
+
+// One row of C: L extraction levels over blocks of kBlock columns. With L chosen by
+// levels_needed() every residual is provably zero afterwards (X.2), so none is tracked.
+template <int L>
+void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64_t j0,
+                  const double* colmax, double rowmax, int M, double shrink, double* terms) {
+  const int jb = int(std::min<int64_t>(kBlock, k - j0));
+  alignas(32) double sig[L][kBlock] = {}, bbuf[kBlock] = {};
+  for (int j = 0; j < jb; ++j) {
+    sig[0][j] = top_sigma(rowmax * colmax[j0 + j], M);
+    for (int lv = 1; lv < L; ++lv) sig[lv][j] = sig[lv - 1][j] * shrink;
+  }
+  v4d s[L][kBlockVecs], t[L][kBlockVecs];
+  for (int lv = 0; lv < L; ++lv)
+    for (int v = 0; v < kBlockVecs; ++v) {
+      std::memcpy(&s[lv][v], &sig[lv][v * kVec], sizeof(v4d));
+      t[lv][v] = v4d{0, 0, 0, 0};
+    }
+  for (int64_t l = 0; l < n2; ++l) {
+    const double* src = b + l * k + j0;
+    if (jb < kBlock) {  // ragged last block: zero-padded copy (zero products extract to zero)
+      std::memcpy(bbuf, src, size_t(jb) * sizeof(double));
+      src = bbuf;
+    }
+    const v4d al = v4d{a[l], a[l], a[l], a[l]};
+    for (int v = 0; v < kBlockVecs; ++v) {
+      v4d bv;
+      std::memcpy(&bv, src + v * kVec, sizeof(v4d));
+      v4d p = al * bv;
+      for (int lv = 0; lv < L; ++lv) {
+        const v4d q = (s[lv][v] + p) - s[lv][v];
+        t[lv][v] += q;
+        p -= q;
+      }
+    }
+  }
+  for (int j = 0; j < jb; ++j)
+    for (int lv = 0; lv < L; ++lv)
+      terms[(j0 + j) * ExactProduct::kLevels + lv] = t[lv][j / kVec][j % kVec];
+}
+
+// X.2: the number of levels after which every residual is zero: all products are multiples of
+// 2^e_low, and a value on that grid is extracted whole once the level grid 2 eps sigma_L is no
+// coarser than 2^e_low.
+int levels_needed(double sigma_max, double shrink, int e_low) {
+  double sigma = sigma_max;
+  for (int L = 1; L <= 64; ++L) {
+    if (std::ldexp(sigma, -52) <= std::ldexp(1.0, e_low)) return L;
+    sigma *= shrink;
+  }
+  return 65;
+}
+
+}  // namespace
+
 ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, const double* B,
                           int64_t ldb, int64_t k) {
   check_range(A, m, lda, n, "A");
@@ -110,53 +186,51 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   const Expanded e = expand(A, lda, m, n, B, ldb, k);
   int M = 1;
   while ((int64_t(1) << M) <= e.n2) ++M;
-  const double level_shrink = std::ldexp(1.0, M - 53);  // sigma_{k+1} = 2^M eps sigma_k
-  std::vector<double> colmax(size_t(k), 0.0);
+  const double shrink = std::ldexp(1.0, M - 53);  // sigma_{k+1} = 2^M eps sigma_k
+  std::vector<double> colmax(size_t(k), 0.0), rowmax(size_t(m), 0.0);
   for (int64_t l = 0; l < e.n2; ++l)
     for (int64_t j = 0; j < k; ++j)
       colmax[size_t(j)] = std::max(colmax[size_t(j)], std::fabs(e.b[size_t(l * k + j)]));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < e.n2; ++l)
+      rowmax[size_t(i)] = std::max(rowmax[size_t(i)], std::fabs(e.a[size_t(i * e.n2 + l)]));
+  const double amax = m ? *std::max_element(rowmax.begin(), rowmax.end()) : 0.0;
+  const double bmax = k ? *std::max_element(colmax.begin(), colmax.end()) : 0.0;
+  const int L = levels_needed(top_sigma(amax * bmax, M), shrink,
+                              min_trailing_exponent(e.a) + min_trailing_exponent(e.b));
   ExactProduct out;
   out.rows = m;
   out.cols = k;
   out.terms_.assign(size_t(m * k * ExactProduct::kLevels), 0.0);
-  constexpr int L = ExactProduct::kLevels;
-  for (int64_t i = 0; i < m; ++i) {
-    const double* a = &e.a[size_t(i * e.n2)];
-    double rowmax = 0;
-    for (int64_t l = 0; l < e.n2; ++l) rowmax = std::max(rowmax, std::fabs(a[l]));
-    for (int64_t j0 = 0; j0 < k; j0 += kBlock) {
-      const int jb = int(std::min<int64_t>(kBlock, k - j0));
-      double sigma[L][kBlock], tau[L][kBlock] = {}, rest[kBlock] = {};
-      for (int j = 0; j < jb; ++j) {
-        // rowmax * colmax may round down, but never below 2^ilogb of the true bound.
-        sigma[0][j] = top_sigma(rowmax * colmax[size_t(j0 + j)], M);
-        for (int lv = 1; lv < L; ++lv) sigma[lv][j] = sigma[lv - 1][j] * level_shrink;
-      }
-      for (int64_t l = 0; l < e.n2; ++l) {
-        const double al = a[l];
-        const double* bl = &e.b[size_t(l * k + j0)];
-        for (int j = 0; j < jb; ++j) {  // independent lanes: vectorizes, no reassociation
-          double p = al * bl[j];
-          for (int lv = 0; lv < L; ++lv) {
-            const double q = (sigma[lv][j] + p) - sigma[lv][j];
-            tau[lv][j] += q;
-            p -= q;
-          }
-          rest[j] = std::max(rest[j], std::fabs(p));
+  // Column blocks outside, rows inside: a [n2, kBlock] slab of B stays in cache for all rows.
+  auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t j0 = 0; j0 < k; j0 += kBlock)
+      for (int64_t i = i0; i < i1; ++i) {
+        const double* a = &e.a[size_t(i * e.n2)];
+        double* terms = &out.terms_[size_t(i * k * ExactProduct::kLevels)];
+        const double rm = rowmax[size_t(i)];
+        const double* b = e.b.data();
+        switch (L) {
+          case 1: block_kernel<1>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
+          case 2: block_kernel<2>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
+          case 3: block_kernel<3>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
+          default: block_kernel<4>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
         }
       }
-      for (int j = 0; j < jb; ++j) {
-        const int64_t flat = i * k + j0 + j;
-        if (rest[j] == 0) {
-          for (int lv = 0; lv < L; ++lv) out.terms_[size_t(flat * L + lv)] = tau[lv][j];
-          continue;
-        }
+  };
+  if (L > ExactProduct::kLevels) {  // extreme exponent spread: scalar extraction, entry by entry
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < k; ++j) {
         std::vector<double> p(size_t(e.n2));
-        for (int64_t l = 0; l < e.n2; ++l) p[size_t(l)] = a[l] * e.b[size_t(l * k + j0 + j)];
-        out.long_terms_[flat] = exact_sum(std::move(p), M);
+        for (int64_t l = 0; l < e.n2; ++l) p[size_t(l)] = e.a[size_t(i * e.n2 + l)] * e.b[size_t(l * k + j)];
+        out.long_terms_[i * k + j] = exact_sum(std::move(p), M);
       }
-    }
+    return out;
   }
+  // Rows are independent: two threads change nothing in the result.
+  std::thread half([&] { rows(0, m / 2); });
+  rows(m / 2, m);
+  half.join();
   return out;
 }
 

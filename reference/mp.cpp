@@ -15,11 +15,10 @@ PrecisionScope::~PrecisionScope() { Mp::default_precision(saved_digits10_); }
 
 int PrecisionScope::current_bits() { return int(mpfr_get_prec(Mp(0).backend().data())); }
 
-Mp from_expansion(std::span<const double> terms) {
-  Mp x = 0;
-  for (double t : terms)
-    if (t != 0) x += t;
-  return x;
+void set_expansion(Mp& x, std::span<const double> terms) {
+  mpfr_set_d(x.backend().data(), terms[0], MPFR_RNDN);
+  for (size_t i = 1; i < terms.size(); ++i)
+    if (terms[i] != 0) mpfr_add_d(x.backend().data(), x.backend().data(), terms[i], MPFR_RNDN);
 }
 
 void split_double(const Mp& x, double& hi, double& lo) {

@@ -22,8 +22,9 @@ class PrecisionScope {
   unsigned saved_digits10_;
 };
 
-// Exact sum of an expansion, rounded into the current precision (proofs step X.3).
-Mp from_expansion(std::span<const double> terms);
+// Exact sum of an expansion, rounded into the current precision (proofs step X.3): x is set to
+// the first term, then each further term is added with one rounding.
+void set_expansion(Mp& x, std::span<const double> terms);
 
 // acc += a * b with one product rounding and one sum rounding (tmp is scratch of the same
 // precision; passing it avoids an allocation per call).

@@ -76,7 +76,7 @@ CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps
   for (int g = 0; g < cfg.groups; ++g) {
     MpVec key(size_t(cfg.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
     for (int j = 0; j < cfg.d_c; ++j)
-      key[size_t(j)] = from_expansion(d.k0c[size_t(b)].entry(t, g * cfg.d_c + j));
+      set_expansion(key[size_t(j)], d.k0c[size_t(b)].entry(t, g * cfg.d_c + j));
     row.alpha_k.push_back(unified ? inv_rms(sum_squares(key) + rope_sq, cfg.d_c + cfg.d_r, eps)
                                   : inv_rms(sum_squares(key), cfg.d_c, eps));
   }

@@ -64,7 +64,7 @@ KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
   rotate(zk_rot, k, t);
   for (int g = 0; g < c.groups; ++g) {
     MpVec k0c(size_t(c.d_c));  // E.1: k0c[t, g] = c[t] . WK_g, exact then rounded once
-    for (int j = 0; j < c.d_c; ++j) k0c[size_t(j)] = from_expansion(d.k0c[size_t(b)].entry(t, g * c.d_c + j));
+    for (int j = 0; j < c.d_c; ++j) set_expansion(k0c[size_t(j)], d.k0c[size_t(b)].entry(t, g * c.d_c + j));
     if (c.norm == NormMode::Blockwise) {
       row.alpha_k.push_back(inv_rms(sum_squares(k0c), c.d_c, eps));       // E.2
       scale_gain(k0c, 0, c.d_c, k.get("gamma_ck"), 0, row.alpha_k.back());  // E.3
@@ -133,12 +133,13 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
     std::vector<MpVec> lat(with_latent_out ? rows.size() : 0, MpVec(size_t(c.latent_rank), Mp(0)));
     std::vector<size_t> seen(rows.size(), 0);
     Mp tmp;
+    std::vector<MpVec> v(size_t(c.groups), MpVec(size_t(c.d_v)));  // v[t, g] [G][d_v]
+    MpVec ct(with_latent_out ? size_t(c.latent_rank) : 0);         // c[t] [r]
     for (int64_t t = 0; t < T; ++t) {
-      std::vector<MpVec> v(size_t(c.groups), MpVec(size_t(c.d_v)));
       for (int g = 0; g < c.groups; ++g)
         for (int j = 0; j < c.d_v; ++j)
-          v[size_t(g)][size_t(j)] = from_expansion(d.v[size_t(b)].entry(t, g * c.d_v + j));
-      const MpVec ct = with_latent_out ? to_mp(&kv.data[size_t(kv.index({b, t, 0}))], c.latent_rank) : MpVec{};
+          set_expansion(v[size_t(g)][size_t(j)], d.v[size_t(b)].entry(t, g * c.d_v + j));
+      for (size_t j = 0; j < ct.size(); ++j) ct[j] = kv.at({b, t, int64_t(j)});
       for (size_t row = 0; row < rows.size(); ++row) {
         const int i = int(row) / c.heads, h = int(row) % c.heads;
         if (!k.causal_visible(b, i, t)) continue;
