@@ -1,11 +1,12 @@
 #include "exact_dot.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <cstring>
 #include <string>
-#include <thread>
 
 namespace qkmla::ref {
 
@@ -37,6 +38,7 @@ void check_range(const double* p, int64_t count, int64_t stride, int64_t width, 
 // Expanded operands: A'' [m, n*parts^2] and B'' [n*parts^2, k] such that every product of
 // matching entries is exact and the dot products are unchanged.
 struct Expanded {
+  bool two_prod = false;  // products need their fma error term to be exact
   int64_t n2 = 0;
   std::vector<double> a, b;
 };
@@ -48,8 +50,13 @@ Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double
     for (int64_t l = 0; l < n; ++l) all_narrow &= narrow(A[i * lda + l]);
   for (int64_t l = 0; l < n && all_narrow; ++l)
     for (int64_t j = 0; j < k; ++j) all_narrow &= narrow(B[l * ldb + j]);
+#ifdef __FMA__
+  const int parts = 1;  // wide products are made exact by fma instead (two_prod in the kernel)
+#else
   const int parts = all_narrow ? 1 : 2;
+#endif
   Expanded e;
+  e.two_prod = !all_narrow && parts == 1;
   e.n2 = n * parts * parts;
   e.a.resize(size_t(m * e.n2));
   e.b.resize(size_t(e.n2 * k));
@@ -105,6 +112,12 @@ std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   return {&terms_[size_t(flat * kLevels)], size_t(kLevels)};
 }
 
+int ExactProduct::max_terms() const {
+  size_t n = kLevels;
+  for (const auto& [flat, terms] : long_terms_) n = std::max(n, terms.size());
+  return int(n);
+}
+
 namespace {
 
 using v4d = double __attribute__((vector_size(32)));  // four independent lanes (GCC/Clang)
@@ -125,9 +138,10 @@ int min_trailing_exponent(const std::vector<double>& v) {
   return e;
 }
 
-// One row of C: L extraction levels over blocks of kBlock columns. With L chosen by
-// levels_needed() every residual is provably zero afterwards (X.2), so none is tracked.
-template <int L>
+// One row of C, one block of kBlock columns: L - 1 extraction levels, then the residuals are
+// summed plainly. With L from levels_needed() that last sum is exact (X.2): every residual is a
+// multiple of 2^e_low and every partial sum is below sigma_L <= 2^(e_low + 52).
+template <int L, bool kTwoProd>
 void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64_t j0,
                   const double* colmax, double rowmax, int M, double shrink, double* terms) {
   const int jb = int(std::min<int64_t>(kBlock, k - j0));
@@ -153,16 +167,40 @@ void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64
       v4d bv;
       std::memcpy(&bv, src + v * kVec, sizeof(v4d));
       v4d p = al * bv;
-      for (int lv = 0; lv < L; ++lv) {
+      if constexpr (kTwoProd) {
+#ifdef __FMA__
+        // X.1 with fma: a*b = p + err exactly; |err| <= 2^-M sigma_2, so it enters at level 2.
+        v4d err = v4d(_mm256_fmadd_pd(__m256d(al), __m256d(bv), __m256d(-p)));
+        for (int lv = 1; lv < L - 1; ++lv) {
+          const v4d q = (s[lv][v] + err) - s[lv][v];
+          t[lv][v] += q;
+          err -= q;
+        }
+        t[L - 1][v] += err;  // last level: a plain, provably exact sum (X.2)
+#endif
+      }
+      for (int lv = 0; lv < L - 1; ++lv) {
         const v4d q = (s[lv][v] + p) - s[lv][v];
         t[lv][v] += q;
         p -= q;
       }
+      t[L - 1][v] += p;  // last level: a plain, provably exact sum (X.2)
     }
   }
   for (int j = 0; j < jb; ++j)
     for (int lv = 0; lv < L; ++lv)
       terms[(j0 + j) * ExactProduct::kLevels + lv] = t[lv][j / kVec][j % kVec];
+}
+
+template <bool kTwoProd>
+void dispatch(int L, const double* a, int64_t n2, const double* b, int64_t k, int64_t j0,
+              const double* colmax, double rowmax, int M, double shrink, double* terms) {
+  switch (L) {
+    case 1: block_kernel<1, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 2: block_kernel<2, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 3: block_kernel<3, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
+    default: block_kernel<4, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
+  }
 }
 
 // X.2: the number of levels after which every residual is zero: all products are multiples of
@@ -184,8 +222,9 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   check_range(A, m, lda, n, "A");
   check_range(B, n, ldb, k, "B");
   const Expanded e = expand(A, lda, m, n, B, ldb, k);
+  const int64_t summands = e.two_prod ? 2 * e.n2 : e.n2;
   int M = 1;
-  while ((int64_t(1) << M) <= e.n2) ++M;
+  while ((int64_t(1) << M) <= summands) ++M;
   const double shrink = std::ldexp(1.0, M - 53);  // sigma_{k+1} = 2^M eps sigma_k
   std::vector<double> colmax(size_t(k), 0.0), rowmax(size_t(m), 0.0);
   for (int64_t l = 0; l < e.n2; ++l)
@@ -194,10 +233,16 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   for (int64_t i = 0; i < m; ++i)
     for (int64_t l = 0; l < e.n2; ++l)
       rowmax[size_t(i)] = std::max(rowmax[size_t(i)], std::fabs(e.a[size_t(i * e.n2 + l)]));
-  const double amax = m ? *std::max_element(rowmax.begin(), rowmax.end()) : 0.0;
+  // X.2: levels per row, from the row's own magnitude and trailing bits (rows of very different
+  // scales, such as the parts of a multiprecision value, each get what they need).
   const double bmax = k ? *std::max_element(colmax.begin(), colmax.end()) : 0.0;
-  const int L = levels_needed(top_sigma(amax * bmax, M), shrink,
-                              min_trailing_exponent(e.a) + min_trailing_exponent(e.b));
+  const int b_low = min_trailing_exponent(e.b);
+  std::vector<int> levels(size_t(m), 1);
+  for (int64_t i = 0; i < m; ++i) {
+    const std::vector<double> row(e.a.begin() + i * e.n2, e.a.begin() + (i + 1) * e.n2);
+    levels[size_t(i)] = levels_needed(top_sigma(rowmax[size_t(i)] * bmax, M), shrink,
+                                      min_trailing_exponent(row) + b_low);
+  }
   ExactProduct out;
   out.rows = m;
   out.cols = k;
@@ -206,31 +251,28 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   auto rows = [&](int64_t i0, int64_t i1) {
     for (int64_t j0 = 0; j0 < k; j0 += kBlock)
       for (int64_t i = i0; i < i1; ++i) {
+        if (levels[size_t(i)] > ExactProduct::kLevels) continue;  // done by the scalar path
         const double* a = &e.a[size_t(i * e.n2)];
         double* terms = &out.terms_[size_t(i * k * ExactProduct::kLevels)];
         const double rm = rowmax[size_t(i)];
         const double* b = e.b.data();
-        switch (L) {
-          case 1: block_kernel<1>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
-          case 2: block_kernel<2>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
-          case 3: block_kernel<3>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
-          default: block_kernel<4>(a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms); break;
-        }
+        if (e.two_prod) dispatch<true>(levels[size_t(i)], a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms);
+        else dispatch<false>(levels[size_t(i)], a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms);
       }
   };
-  if (L > ExactProduct::kLevels) {  // extreme exponent spread: scalar extraction, entry by entry
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        std::vector<double> p(size_t(e.n2));
-        for (int64_t l = 0; l < e.n2; ++l) p[size_t(l)] = e.a[size_t(i * e.n2 + l)] * e.b[size_t(l * k + j)];
+  for (int64_t i = 0; i < m; ++i) {  // extreme exponent spread: scalar extraction, entry by entry
+    if (levels[size_t(i)] <= ExactProduct::kLevels) continue;
+    for (int64_t j = 0; j < k; ++j) {
+        std::vector<double> p;
+        for (int64_t l = 0; l < e.n2; ++l) {
+          const double x = e.a[size_t(i * e.n2 + l)], y = e.b[size_t(l * k + j)];
+          p.push_back(x * y);
+          if (e.two_prod) p.push_back(std::fma(x, y, -p.back()));
+        }
         out.long_terms_[i * k + j] = exact_sum(std::move(p), M);
-      }
-    return out;
+    }
   }
-  // Rows are independent: two threads change nothing in the result.
-  std::thread half([&] { rows(0, m / 2); });
-  rows(m / 2, m);
-  half.join();
+  rows(0, m);  // single-threaded: callers run independent products side by side
   return out;
 }
 

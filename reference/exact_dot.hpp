@@ -19,6 +19,8 @@ class ExactProduct {
   int64_t rows = 0, cols = 0;
   std::span<const double> entry(int64_t i, int64_t j) const;
   int64_t long_entries() const { return int64_t(long_terms_.size()); }
+  // Most terms any entry has (the zero-padded width of a dense copy of the expansions).
+  int max_terms() const;
 
  private:
   friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*,

@@ -1,6 +1,7 @@
 #include "mp.hpp"
 
 #include <cmath>
+#include <stdexcept>
 
 namespace qkmla::ref {
 
@@ -19,6 +20,22 @@ void set_expansion(Mp& x, std::span<const double> terms) {
   mpfr_set_d(x.backend().data(), terms[0], MPFR_RNDN);
   for (size_t i = 1; i < terms.size(); ++i)
     if (terms[i] != 0) mpfr_add_d(x.backend().data(), x.backend().data(), terms[i], MPFR_RNDN);
+}
+
+int parts_for(int bits) { return (bits + 51) / 52 + 1; }
+
+void to_parts(const Mp& x, double* out, int parts) {
+  Mp rest = x;
+  for (int i = 0; i < parts; ++i) {
+    out[i] = mpfr_get_d(rest.backend().data(), MPFR_RNDN);
+    mpfr_sub_d(rest.backend().data(), rest.backend().data(), out[i], MPFR_RNDN);  // exact
+  }
+  if (!mpfr_zero_p(rest.backend().data())) throw std::logic_error("to_parts: remainder left");
+}
+
+void add_expansion(Mp& x, std::span<const double> terms) {
+  for (double t : terms)
+    if (t != 0) mpfr_add_d(x.backend().data(), x.backend().data(), t, MPFR_RNDN);
 }
 
 void split_double(const Mp& x, double& hi, double& lo) {

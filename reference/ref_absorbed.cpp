@@ -2,6 +2,7 @@
 // Row-scaled alpha_q (paper Eq. 12), gains applied at run time, alpha_k from the transient key.
 #include <chrono>
 
+#include "mp_matmul.hpp"
 #include "ref_common.hpp"
 #include "reference.hpp"
 
@@ -58,18 +59,15 @@ AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps) 
 }
 
 struct CacheRow {
-  MpVec c;        // latent c[t] [r] (exact)
   MpVec rope;     // blockwise: kr^ [d_r]; unified: gained rotated, not normalized [d_r]
   MpVec alpha_k;  // A.3: [G]
 };
 
 CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
   const MlaConfig& cfg = k.cfg;
-  const Tensor& kv = k.get("kv_c");
   const Tensor& kpe = k.get("k_pe");
   const bool unified = cfg.norm == NormMode::Unified, ntr = cfg.rope_order == RopeOrder::NormThenRope;
   CacheRow row;
-  row.c = to_mp(&kv.data[size_t(kv.index({b, t, 0}))], cfg.latent_rank);
   row.rope = to_mp(&kpe.data[size_t(kpe.index({b, t, 0}))], cfg.d_r);
   if (!ntr) rotate(row.rope, k, t);
   const Mp rope_sq = sum_squares(row.rope);  // raw (ntr) or rotated (rtn) statistic
@@ -109,11 +107,19 @@ Outputs ref_absorbed(const Case& k, const Dots& d) {
         for (int l = 0; l < c.latent_rank; ++l)
           store(o, "q_latent", flat * c.latent_rank + l, rows.back().q_latent[size_t(l)]);
       }
+    // A.4: q_latent . c[t] for every row and token, exact sums (X.4) of the rounded q_latent.
+    const Tensor& kv = k.get("kv_c");
+    const int r = c.latent_rank;
+    std::vector<double> c_t(size_t(r * T));  // c^T [r, T]
+    for (int64_t t = 0; t < T; ++t)
+      for (int l = 0; l < r; ++l) c_t[size_t(l * T + t)] = kv.at({b, t, l});
+    std::vector<MpVec> q_lat;
+    for (const AbsorbedQuery& q : rows) q_lat.push_back(q.q_latent);
+    const std::vector<MpVec> latent = mp_times_doubles(q_lat, r, c_t.data(), T, T);  // [rows][T]
+    std::vector<MpVec> probs(rows.size(), MpVec(size_t(T), Mp(0)));  // [rows][T], 0 if masked
     std::vector<MpVec> logits(rows.size());
-    std::vector<CacheRow> cache;  // [T_b]: what a decode kernel reads
     for (int64_t t = 0; t < T; ++t) {
-      cache.push_back(cache_row(k, d, b, t, eps));
-      const CacheRow& cr = cache.back();
+      const CacheRow cr = cache_row(k, d, b, t, eps);
       for (int g = 0; g < c.groups; ++g)
         store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), cr.alpha_k[size_t(g)]);
       for (size_t row = 0; row < rows.size(); ++row) {
@@ -121,38 +127,46 @@ Outputs ref_absorbed(const Case& k, const Dots& d) {
         if (!k.causal_visible(b, i, t)) continue;
         const AbsorbedQuery& q = rows[row];
         const Mp ak = q.alpha_q * cr.alpha_k[size_t(c.group_of(h))];
-        const Mp latent = dot(q.q_latent, cr.c);  // A.4
+        const Mp& lat = latent[row][size_t(t)];
         const Mp rope = dot(q.rope, cr.rope);
-        logits[row].push_back(unified ? Mp(scale * ak * (latent + rope))
-                                      : Mp(scale * (ak * latent + rope)));
+        logits[row].push_back(unified ? Mp(scale * ak * (lat + rope)) : Mp(scale * (ak * lat + rope)));
       }
     }
     for (size_t row = 0; row < rows.size(); ++row) {
-      const int i = int(row) / c.heads, h = int(row) % c.heads;
-      const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);
+      const int i = int(row) / c.heads;
       Mp lse;
       MpVec p;
       softmax(logits[row], lse, p);  // E.6
-      store(o, "lse", base, lse);
-      MpVec lat(size_t(c.latent_rank), Mp(0));  // A.5: latent_out = sum_t p c[t]
-      Mp tmp;
+      store(o, "lse", int64_t(b * c.s_q * c.heads) + int64_t(row), lse);
       size_t n = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        if (!k.causal_visible(b, i, t)) continue;
-        for (int l = 0; l < c.latent_rank; ++l) mac(lat[size_t(l)], p[n], cache[size_t(t)].c[size_t(l)], tmp);
-        ++n;
+      for (int64_t t = 0; t < T; ++t)
+        if (k.causal_visible(b, i, t)) probs[row][size_t(t)] = p[n++];
+    }
+    // A.5: latent_out = sum_t p c[t] (p spans many binades: plain multiprecision sums).
+    std::vector<MpVec> lat(rows.size(), MpVec(static_cast<size_t>(r), Mp(0)));
+    MpVec ct(static_cast<size_t>(r));
+    Mp prod;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int l = 0; l < r; ++l) ct[size_t(l)] = kv.at({b, t, l});
+      for (size_t row = 0; row < rows.size(); ++row) {
+        if (!k.causal_visible(b, int(row) / c.heads, t)) continue;
+        for (int l = 0; l < r; ++l) mac(lat[row][size_t(l)], probs[row][size_t(t)], ct[size_t(l)], prod);
       }
+    }
+    Mp tmp, w;
+    for (size_t row = 0; row < rows.size(); ++row) {
+      const int h = int(row) % c.heads;
+      const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);
       const int col0 = c.group_of(h) * c.d_v;
-      Mp w;
       for (int j = 0; j < c.d_v; ++j) {  // A.6: out = latent_out . WV_g
         Mp acc = 0;
-        for (int l = 0; l < c.latent_rank; ++l) {
+        for (int l = 0; l < r; ++l) {
           w = wv[int64_t(l) * wv.shape[1] + col0 + j];
-          mac(acc, lat[size_t(l)], w, tmp);
+          mac(acc, lat[row][size_t(l)], w, tmp);
         }
         store(o, "out", base * c.d_v + j, acc);
       }
-      for (int l = 0; l < c.latent_rank; ++l) store(o, "latent_out", base * c.latent_rank + l, lat[size_t(l)]);
+      for (int l = 0; l < r; ++l) store(o, "latent_out", base * r + l, lat[row][size_t(l)]);
     }
   }
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,0 +1,18 @@
+// Dot products of multiprecision vectors with double data, evaluated exactly (step X.4): each
+// Mp value is split exactly into doubles (to_parts), exact_matmul forms every product sum
+// without rounding, and the result is rounded into the current precision once per term.
+#pragma once
+#include <vector>
+
+#include "exact_dot.hpp"
+#include "ref_common.hpp"
+
+namespace qkmla::ref {
+
+// y[i][j] = sum_l x[i][l] * D[l*ld + j] for j < cols, with x [rows][n] multiprecision and D
+// doubles [n, ld] (finite, zero or of magnitude in [2^-400, 2^400]). Rows of x may be empty
+// (treated as zero).
+std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D,
+                                    int64_t ld, int64_t cols);
+
+}  // namespace qkmla::ref

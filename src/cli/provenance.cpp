@@ -1,0 +1,34 @@
+#include "cli/provenance.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdio>
+#include <ctime>
+
+namespace qkmla::cli {
+
+namespace {
+std::string run(const std::string& cmd) {
+  std::array<char, 256> buf{};
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    while (fgets(buf.data(), int(buf.size()), p)) out += buf.data();
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+}  // namespace
+
+std::string provenance(const std::string& command_line, int threads) {
+  std::string commit = run("git -C '" QKMLA_SOURCE_DIR "' describe --always --dirty --abbrev=12 2>/dev/null");
+  if (commit.empty()) commit = "unknown (not a git checkout)";
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  return fmt::format("`{}` at commit {}, {}, compiler {} with flags `{}`, {} threads, device: CPU only, {}",
+                     command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, threads, date);
+}
+
+}  // namespace qkmla::cli

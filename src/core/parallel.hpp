@@ -1,0 +1,34 @@
+// Runs independent tasks on a fixed number of threads. Each task writes only its own results,
+// so the outcome does not depend on the thread count or on scheduling.
+#pragma once
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace qkmla {
+
+inline void run_parallel(const std::vector<std::function<void()>>& tasks, int threads) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (size_t i = next++; i < tasks.size(); i = next++) {
+      try {
+        tasks[i]();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);  // the first failure, after every thread stopped
+}
+
+}  // namespace qkmla

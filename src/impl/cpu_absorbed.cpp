@@ -1,0 +1,221 @@
+// cpu.absorbed.<profile>[.<variant>]: SPEC §1.2. Rounding points (SPEC §3): q_latent, the query
+// rope part and the cached rope key rounded to D; c as stored; alpha_q and alpha_k in Acc (the
+// alpha_k_bf16 variant rounds alpha_k to bf16); logits, softmax and p.c in Acc, p unrounded;
+// latent_out rounded to D; out = latent_out . WV accumulated in Acc and rounded to D.
+#include <chrono>
+
+#include "impl/cpu_impls.hpp"
+#include "impl/norm_stage.hpp"
+
+namespace qkmla::impl {
+
+std::string variant_suffix(Variant v) {
+  switch (v) {
+    case Variant::Default: return "";
+    case Variant::AlphaQFolded: return ".alpha_q_folded";
+    case Variant::QNormedFirst: return ".q_normed_first";
+    case Variant::GammaMerged: return ".gamma_merged";
+    case Variant::AlphaKBf16: return ".alpha_k_bf16";
+  }
+  return "";
+}
+
+const std::vector<Variant>& all_variants() {
+  static const std::vector<Variant> v = {Variant::Default, Variant::AlphaQFolded,
+                                         Variant::QNormedFirst, Variant::GammaMerged,
+                                         Variant::AlphaKBf16};
+  return v;
+}
+
+namespace {
+
+// The latent cache of one sequence, as a decode kernel reads it.
+template <class Acc>
+struct LatentCache {
+  std::vector<Acc> c;        // [T, r] as stored
+  std::vector<Acc> rope;     // [T, d_r] kr^ (blockwise) or gained rotated rope key (unified), D
+  std::vector<Acc> alpha_k;  // [T, G]
+};
+
+// Append step (A.3): the content key is formed transiently in Acc for its statistic only.
+template <class Acc>
+LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile);
+  const Tensor& kv = k.get("kv_c");
+  const Tensor& kpe = k.get("k_pe");
+  const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
+  const int64_t T = cf.seqlens[size_t(b)];
+  const bool unified = cf.norm == NormMode::Unified, ntr = cf.rope_order == RopeOrder::NormThenRope;
+  const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
+  LatentCache<Acc> lc;
+  lc.c.assign(kv.data.begin() + kv.index({b, 0, 0}), kv.data.begin() + kv.index({b, 0, 0}) + T * r);
+  std::vector<Acc> key(size_t(G * dc));  // transient [G*d_c]
+  for (int64_t t = 0; t < T; ++t) {
+    vec_mat(lc.c.data() + t * r, r, wk.data(), G * dc, 0, G * dc, key.data());
+    std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}), kpe.data.begin() + kpe.index({b, t, 0}) + dr);
+    if (!unified) {
+      for (int g = 0; g < G; ++g) lc.alpha_k.push_back(inv_rms_from(sum_sq(key.data() + g * dc, dc), dc, eps));
+      blockwise_rope(z.data(), gk.data(), t, k, eps);
+    } else {
+      if (!ntr) rotate(z.data(), k, t);
+      for (int g = 0; g < G; ++g) lc.alpha_k.push_back(unified_inv(key.data() + g * dc, z.data(), k, eps));
+      scale_gain(z.data(), dr, gk.data() + dc, Acc(1));
+      if (ntr) rotate(z.data(), k, t);
+    }
+    for (Acc x : z) lc.rope.push_back(store(D, x));
+  }
+  return lc;
+}
+
+template <class Acc>
+struct LatentQuery {
+  std::vector<Acc> q_latent, rope;  // [r], [d_r], rounded to D
+  Acc alpha_q = 0;                  // reported statistic 1 / S^q
+  Acc row_scale = 1;                // what multiplies alpha_k after the dot: alpha_q or 1 (folded)
+};
+
+template <class Acc>
+LatentQuery<Acc> query(const Case& k, int b, int i, int h, Variant v, const std::vector<Acc>& wk,
+                       const std::vector<Acc>& wk_merged, Acc eps) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile);
+  const Tensor& qn = k.get("q_nope");
+  const Tensor& qp = k.get("q_pe");
+  const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank, g = cf.group_of(h);
+  const bool unified = cf.norm == NormMode::Unified, ntr = cf.rope_order == RopeOrder::NormThenRope;
+  const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));
+  const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_ck"));
+  const int64_t pos = k.pos(b, i);
+  LatentQuery<Acc> q;
+  std::vector<Acc> w(qn.data.begin() + qn.index({b, i, h, 0}), qn.data.begin() + qn.index({b, i, h, 0}) + dc);
+  q.rope.assign(qp.data.begin() + qp.index({b, i, h, 0}), qp.data.begin() + qp.index({b, i, h, 0}) + dr);
+  // A.2 / U.1: the query statistic.
+  if (unified) {
+    if (!ntr && pos < 0) q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();
+    else {
+      if (!ntr) rotate(q.rope.data(), k, pos);
+      q.alpha_q = unified_inv(w.data(), q.rope.data(), k, eps);
+      scale_gain(q.rope.data(), dr, gq.data() + dc, Acc(1));
+      if (ntr && pos >= 0) rotate(q.rope.data(), k, pos);
+    }
+  } else {
+    q.alpha_q = inv_rms_from(sum_sq(w.data(), dc), dc, eps);
+    if (pos >= 0) blockwise_rope(q.rope.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
+  }
+  // A.1: q_latent [r] = w . WK_g^T with w per variant.
+  const std::vector<Acc>* W = &wk;
+  if (v == Variant::GammaMerged) W = &wk_merged;
+  else if (v == Variant::QNormedFirst) scale_gain(w.data(), dc, gq.data(), q.alpha_q), scale_gain(w.data(), dc, gk.data(), Acc(1));
+  else for (int j = 0; j < dc; ++j) w[size_t(j)] = (w[size_t(j)] * gq[size_t(j)]) * gk[size_t(j)];
+  q.q_latent.resize(size_t(r));
+  for (int l = 0; l < r; ++l) q.q_latent[size_t(l)] = dot(w.data(), W->data() + int64_t(l) * G * dc + g * dc, dc);
+  const bool folded = v == Variant::AlphaQFolded;
+  q.row_scale = (folded || v == Variant::QNormedFirst) ? Acc(1) : q.alpha_q;
+  if (folded) for (Acc& x : q.q_latent) x *= q.alpha_q;
+  if (folded && unified) for (Acc& x : q.rope) x *= q.alpha_q;
+  for (Acc& x : q.q_latent) x = store(D, x);
+  for (Acc& x : q.rope) x = store(D, x);
+  return q;
+}
+
+template <class Acc>
+std::vector<Outputs> run(const Case& k, const std::vector<Variant>& variants) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
+  const Acc eps = Acc(cf.eps), scale = Acc(cf.softmax_scale);
+  const int H = cf.heads, S = cf.s_q, G = cf.groups, dc = cf.d_c, dr = cf.d_r, dv = cf.d_v, r = cf.latent_rank;
+  const bool unified = cf.norm == NormMode::Unified;
+  const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
+  // GammaMerged: WK_g[:, j] * gamma_q_j * gamma_k_j in double, rounded once to the weight dtype.
+  std::vector<Acc> wk_merged(wk.size());
+  {
+    const Tensor& gq = k.get(unified ? "gamma_q" : "gamma_cq");
+    const Tensor& gk = k.get(unified ? "gamma_k" : "gamma_ck");
+    const Tensor& w = k.get("w_uk");
+    for (int64_t n = 0; n < w.numel(); ++n) {
+      const int64_t j = n % (G * dc) % dc;
+      wk_merged[size_t(n)] = Acc(round_to(D, w[n] * gq[j] * gk[j]));
+    }
+  }
+  std::vector<Outputs> outs;
+  for (Variant v : variants) {
+    Outputs o;
+    o.impl = "cpu.absorbed." + to_string(cf.profile) + variant_suffix(v);
+    o.tensors["out"] = make_output(k, "out", D, 0.0);
+    o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);
+    o.tensors["lse"] = make_output(k, "lse", A, 0.0);
+    o.tensors["alpha_q"] = make_output(k, "alpha_q", A, 0.0);
+    o.tensors["alpha_k"] = make_output(k, "alpha_k", v == Variant::AlphaKBf16 ? DType::BF16 : A,
+                                       std::numeric_limits<double>::quiet_NaN());
+    outs.push_back(std::move(o));
+  }
+  std::vector<double> seconds(variants.size(), 0.0);
+  for (int b = 0; b < cf.batch; ++b) {
+    const int64_t T = cf.seqlens[size_t(b)];
+    const auto t0 = std::chrono::steady_clock::now();
+    const LatentCache<Acc> cache = build_cache(k, b, wk, eps);  // shared by every variant
+    const double cache_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      const auto t1 = std::chrono::steady_clock::now();
+      const Variant v = variants[vi];
+      Outputs& o = outs[vi];
+      std::vector<Acc> alpha_k = cache.alpha_k;
+      if (v == Variant::AlphaKBf16) for (Acc& a : alpha_k) a = store(DType::BF16, a);
+      for (int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < G; ++g) o.tensors["alpha_k"].at({b, t, g}) = double(alpha_k[size_t(t * G + g)]);
+      for (int i = 0; i < S; ++i)
+        for (int h = 0; h < H; ++h) {
+          const LatentQuery<Acc> q = query(k, b, i, h, v, wk, wk_merged, eps);
+          o.tensors["alpha_q"].at({b, i, h}) = double(q.alpha_q);
+          const int g = cf.group_of(h);
+          std::vector<Acc> p;
+          std::vector<int64_t> ts;
+          for (int64_t t = 0; t < T; ++t) {
+            if (!k.causal_visible(b, i, t)) continue;
+            const Acc latent = dot(q.q_latent.data(), cache.c.data() + t * r, r);  // A.4
+            const Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
+            const Acc ak = alpha_k[size_t(t * G + g)];
+            p.push_back(unified ? scale * ((q.row_scale * ak) * (latent + rope))
+                                : scale * ((q.row_scale * ak) * latent + rope));
+            ts.push_back(t);
+          }
+          o.tensors["lse"].at({b, i, h}) = double(softmax(p));
+          std::vector<Acc> lat(size_t(r), Acc(0));  // A.5
+          for (size_t n = 0; n < ts.size(); ++n) {
+            const Acc* ct = cache.c.data() + ts[n] * r;
+            for (int l = 0; l < r; ++l) lat[size_t(l)] += p[n] * ct[l];
+          }
+          for (Acc& x : lat) x = store(D, x);
+          std::vector<Acc> out(size_t(dv), Acc(0));
+          vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6
+          for (int l = 0; l < r; ++l) o.tensors["latent_out"].at({b, i, h, l}) = double(lat[size_t(l)]);
+          for (int j = 0; j < dv; ++j) o.tensors["out"].at({b, i, h, j}) = double(store(D, out[size_t(j)]));
+        }
+      seconds[vi] += cache_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    }
+  }
+  for (size_t vi = 0; vi < variants.size(); ++vi) outs[vi].seconds = seconds[vi];
+  return outs;
+}
+
+}  // namespace
+
+std::vector<Variant> variants_for(Profile p) {
+  std::vector<Variant> v;
+  for (Variant x : all_variants())  // a bf16 alpha_k is an option of the bf16-stored profiles only
+    if (x != Variant::AlphaKBf16 || p == Profile::BF16 || p == Profile::FP8) v.push_back(x);
+  return v;
+}
+
+std::vector<Outputs> cpu_absorbed_all(const Case& k) {
+  const std::vector<Variant> v = variants_for(k.cfg.profile);
+  return accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, v) : run<float>(k, v);
+}
+
+Outputs cpu_absorbed(const Case& k, Variant v) {
+  return accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, {v})[0]
+                                                       : run<float>(k, {v})[0];
+}
+
+}  // namespace qkmla::impl

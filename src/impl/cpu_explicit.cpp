@@ -1,0 +1,159 @@
+// cpu.explicit.<profile>: SPEC §1.1 with full key caching. Rounding points (SPEC §3): k0c and v
+// accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the stored dtype D; logits,
+// softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q, alpha_k kept in Acc.
+#include <chrono>
+
+#include "impl/cpu_impls.hpp"
+#include "impl/norm_stage.hpp"
+
+namespace qkmla::impl {
+
+namespace {
+
+template <class Acc>
+struct ExplicitQuery {
+  std::vector<Acc> qc, qr;  // qc^ [d_c], qr^ [d_r], rounded to D
+  Acc alpha_q = 0;
+};
+
+template <class Acc>
+ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps) {
+  const MlaConfig& c = k.cfg;
+  const DType D = stored_dtype(c.profile);
+  const Tensor& qn = k.get("q_nope");
+  const Tensor& qp = k.get("q_pe");
+  ExplicitQuery<Acc> q;
+  q.qc.assign(qn.data.begin() + qn.index({b, i, h, 0}), qn.data.begin() + qn.index({b, i, h, 0}) + c.d_c);
+  q.qr.assign(qp.data.begin() + qp.index({b, i, h, 0}), qp.data.begin() + qp.index({b, i, h, 0}) + c.d_r);
+  const int64_t pos = k.pos(b, i);
+  if (c.norm == NormMode::Blockwise) {
+    q.alpha_q = inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps);
+    scale_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q);
+    if (pos >= 0) blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
+  } else {
+    const std::vector<Acc> gq = to_acc<Acc>(k.get("gamma_q"));
+    const bool ntr = c.rope_order == RopeOrder::NormThenRope;
+    if (!ntr && pos < 0) {
+      q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();
+    } else {
+      if (!ntr) rotate(q.qr.data(), k, pos);
+      q.alpha_q = unified_inv(q.qc.data(), q.qr.data(), k, eps);
+      scale_gain(q.qc.data(), c.d_c, gq.data(), q.alpha_q);
+      scale_gain(q.qr.data(), c.d_r, gq.data() + c.d_c, q.alpha_q);
+      if (ntr && pos >= 0) rotate(q.qr.data(), k, pos);
+    }
+  }
+  for (Acc& x : q.qc) x = store(D, x);
+  for (Acc& x : q.qr) x = store(D, x);
+  return q;
+}
+
+// Everything an explicit attention kernel reads for one cached token.
+template <class Acc>
+struct ExplicitKey {
+  std::vector<Acc> kc, kr, v;  // kc^ [G, d_c]; kr^ [1 or G, d_r]; v [G, d_v]; all rounded to D
+  std::vector<Acc> alpha_k;    // [G]
+};
+
+template <class Acc>
+ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const std::vector<Acc>& wk,
+                     const std::vector<Acc>& wv, Acc eps) {
+  const MlaConfig& c = k.cfg;
+  const DType D = stored_dtype(c.profile);
+  const Tensor& kv = k.get("kv_c");
+  const Tensor& kpe = k.get("k_pe");
+  const int G = c.groups, dc = c.d_c, dr = c.d_r, r = c.latent_rank;
+  const bool ntr = c.rope_order == RopeOrder::NormThenRope;
+  std::vector<Acc> ct(kv.data.begin() + kv.index({b, t, 0}), kv.data.begin() + kv.index({b, t, 0}) + r);
+  std::vector<Acc> zk(kpe.data.begin() + kpe.index({b, t, 0}), kpe.data.begin() + kpe.index({b, t, 0}) + dr);
+  ExplicitKey<Acc> e;
+  e.kc.resize(size_t(G * dc));
+  e.v.resize(size_t(G * c.d_v));
+  vec_mat(ct.data(), r, wk.data(), G * dc, 0, G * dc, e.kc.data());  // E.1: k0c [G*d_c]
+  vec_mat(ct.data(), r, wv.data(), G * c.d_v, 0, G * c.d_v, e.v.data());
+  if (c.norm == NormMode::Blockwise) {
+    const std::vector<Acc> gck = to_acc<Acc>(k.get("gamma_ck"));
+    for (int g = 0; g < G; ++g) {
+      Acc* kg = e.kc.data() + g * dc;
+      e.alpha_k.push_back(inv_rms_from(sum_sq(kg, dc), dc, eps));
+      scale_gain(kg, dc, gck.data(), e.alpha_k.back());
+    }
+    e.kr = zk;
+    blockwise_rope(e.kr.data(), to_acc<Acc>(k.get("gamma_rk")).data(), t, k, eps);
+  } else {
+    const std::vector<Acc> gk = to_acc<Acc>(k.get("gamma_k"));
+    std::vector<Acc> zrot = zk;
+    rotate(zrot.data(), k, t);
+    for (int g = 0; g < G; ++g) {
+      Acc* kg = e.kc.data() + g * dc;
+      const Acc inv = unified_inv(kg, ntr ? zk.data() : zrot.data(), k, eps);
+      e.alpha_k.push_back(inv);
+      scale_gain(kg, dc, gk.data(), inv);
+      std::vector<Acc> kr = ntr ? zk : zrot;
+      scale_gain(kr.data(), dr, gk.data() + dc, inv);
+      if (ntr) rotate(kr.data(), k, t);
+      e.kr.insert(e.kr.end(), kr.begin(), kr.end());
+    }
+  }
+  for (Acc& x : e.kc) x = store(D, x);
+  for (Acc& x : e.kr) x = store(D, x);
+  for (Acc& x : e.v) x = store(D, x);
+  return e;
+}
+
+template <class Acc>
+Outputs run(const Case& k) {
+  const MlaConfig& c = k.cfg;
+  const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
+  const Acc eps = Acc(c.eps), scale = Acc(c.softmax_scale);
+  const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
+  Outputs o;
+  o.impl = "cpu.explicit." + to_string(c.profile);
+  Tensor& out = o.tensors["out"] = make_output(k, "out", D, 0.0);
+  Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
+  Tensor& aq = o.tensors["alpha_q"] = make_output(k, "alpha_q", A, 0.0);
+  Tensor& ak = o.tensors["alpha_k"] = make_output(k, "alpha_k", A, std::numeric_limits<double>::quiet_NaN());
+  const int H = c.heads, S = c.s_q, dc = c.d_c, dr = c.d_r, dv = c.d_v;
+  for (int b = 0; b < c.batch; ++b) {
+    const int64_t T = c.seqlens[size_t(b)];
+    std::vector<ExplicitKey<Acc>> keys;  // the full-key cache of sequence b
+    for (int64_t t = 0; t < T; ++t) {
+      keys.push_back(key(k, b, t, wk, wv, eps));
+      for (int g = 0; g < c.groups; ++g) ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
+    }
+    for (int i = 0; i < S; ++i)
+      for (int h = 0; h < H; ++h) {
+        const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps);
+        aq.at({b, i, h}) = double(q.alpha_q);
+        const int g = c.group_of(h);
+        std::vector<Acc> p;
+        std::vector<int64_t> ts;
+        for (int64_t t = 0; t < T; ++t) {
+          if (!k.causal_visible(b, i, t)) continue;
+          const ExplicitKey<Acc>& e = keys[size_t(t)];
+          const Acc* kr = e.kr.data() + (e.kr.size() == size_t(dr) ? 0 : g * dr);
+          p.push_back(scale * (dot(q.qc.data(), e.kc.data() + g * dc, dc) + dot(q.qr.data(), kr, dr)));
+          ts.push_back(t);
+        }
+        lse.at({b, i, h}) = double(softmax(p));
+        std::vector<Acc> acc(size_t(dv), Acc(0));
+        for (size_t n = 0; n < ts.size(); ++n) {
+          const Acc* v = keys[size_t(ts[n])].v.data() + g * dv;
+          for (int j = 0; j < dv; ++j) acc[size_t(j)] += p[n] * v[j];
+        }
+        for (int j = 0; j < dv; ++j) out.at({b, i, h, j}) = double(store(D, acc[size_t(j)]));
+      }
+  }
+  return o;
+}
+
+}  // namespace
+
+Outputs cpu_explicit(const Case& k) {
+  const auto start = std::chrono::steady_clock::now();
+  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k) : run<float>(k);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+}  // namespace qkmla::impl

@@ -1,0 +1,82 @@
+// Arithmetic shared by the CPU profile implementations. Acc is the accumulate type (float or
+// double); every loop runs in one fixed order, so results do not depend on vector width.
+#pragma once
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/rope.hpp"
+
+namespace qkmla::impl {
+
+template <class Acc>
+std::vector<Acc> to_acc(const Tensor& t) {
+  return std::vector<Acc>(t.data.begin(), t.data.end());  // exact: stored dtype is within Acc
+}
+
+// Round an accumulated value to the stored dtype (RNE, once, from the Acc value).
+template <class Acc>
+Acc store(DType d, Acc x) {
+  return Acc(round_to(d, double(x)));
+}
+
+template <class Acc>
+Acc sum_sq(const Acc* z, int n) {
+  Acc s = 0;
+  for (int j = 0; j < n; ++j) s += z[j] * z[j];
+  return s;
+}
+
+template <class Acc>
+Acc dot(const Acc* a, const Acc* b, int n) {
+  Acc s = 0;
+  for (int j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+// 1 / sqrt(sum_sq / n + eps), all in Acc (E.2).
+template <class Acc>
+Acc inv_rms_from(Acc sum_sq, int n, Acc eps) {
+  return Acc(1) / std::sqrt(sum_sq / Acc(n) + eps);
+}
+
+// y_j = (z_j * gamma_j) * inv (E.3), in Acc.
+template <class Acc>
+void scale_gain(Acc* z, int n, const Acc* gamma, Acc inv) {
+  for (int j = 0; j < n; ++j) z[j] = (z[j] * gamma[j]) * inv;
+}
+
+template <class Acc>
+void rotate(Acc* z, const Case& k, int64_t pos) {
+  rope_rotate(z, k.cfg.d_r, k.cfg.rope_style, k.get("rope_cos"), k.get("rope_sin"), pos);
+}
+
+// y[cols] = x[rows] . W[rows, ld] restricted to columns [col0, col0 + cols): for each output,
+// one sequential sum over rows (the inner loop runs across outputs and vectorizes).
+template <class Acc>
+void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, Acc* y) {
+  for (int j = 0; j < cols; ++j) y[j] = 0;
+  for (int l = 0; l < rows; ++l) {
+    const Acc xl = x[l];
+    const Acc* w = W + int64_t(l) * ld + col0;
+    for (int j = 0; j < cols; ++j) y[j] += xl * w[j];
+  }
+}
+
+// Softmax over one row's visible logits: lse = m + log(sum exp(l - m)), p = exp(l - m) / sum.
+template <class Acc>
+Acc softmax(std::vector<Acc>& logits_to_p) {
+  if (logits_to_p.empty()) return -std::numeric_limits<Acc>::infinity();
+  Acc m = logits_to_p[0];
+  for (Acc l : logits_to_p) m = std::max(m, l);
+  Acc sum = 0;
+  for (Acc& l : logits_to_p) {
+    l = std::exp(l - m);
+    sum += l;
+  }
+  for (Acc& l : logits_to_p) l /= sum;
+  return m + std::log(sum);
+}
+
+}  // namespace qkmla::impl

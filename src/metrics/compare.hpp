@@ -1,0 +1,41 @@
+// The one comparator (SPEC §5): every implementation's tensors are judged by this code.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/outputs.hpp"
+
+namespace qkmla {
+
+struct Worst {
+  std::vector<int64_t> index;  // multi-index into the tensor; empty when nothing was compared
+  double value = 0, ref = 0;
+};
+
+struct Metrics {
+  double max_abs = 0, max_ulp = 0, rel_l2 = 0, cos_diff = 0;
+  int64_t nonfinite_mismatch = 0;
+  int64_t compared = 0;  // positions where both values are finite
+  Worst worst;           // position of max_abs
+};
+
+// Positions that carry meaning: alpha_k rows at t >= T_b are unspecified (SPEC §1.4); every
+// other tensor is valid everywhere. Empty result = all valid.
+std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
+
+// x against the reference y. x_lo / y_lo (optional, same shape) carry double-double remainders
+// of multiprecision results so that two references can be compared to ~106 bits. ulp_dtype is
+// the format whose ulp max_ulp counts in. Positions where both are the same non-finite value
+// (NaN/NaN, or equal infinities) match and are not measured.
+Metrics compare(const Tensor& x, const Tensor& y, DType ulp_dtype, const std::vector<bool>& mask,
+                const Tensor* x_lo = nullptr, const Tensor* y_lo = nullptr);
+
+// Bits on which two results agree: -log2 of the worst normwise relative difference over rows
+// (the last dimension of out/latent_out; single values for lse, alpha_q, alpha_k). lse is
+// measured relative to max(|lse|, 1), an absolute error where it is small. Capped at 120.
+double agreeing_bits(const Case& k, const Outputs& a, const Outputs& b,
+                     const std::vector<std::string>& tensors);
+
+}  // namespace qkmla

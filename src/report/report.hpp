@@ -1,0 +1,52 @@
+// `qkmla report`: every implementation in every requested profile, measured against ref.explicit
+// on the same bits, with the reference's own accuracy measured at two precisions (SPEC §4, §5).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "metrics/compare.hpp"
+
+namespace qkmla {
+
+struct ReportOptions {
+  MlaConfig cfg;                   // dims, scenario, seed; profile is overridden per profile
+  std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16};
+  int ref_bits = 113;              // P; the check runs at 2P
+  int threads = 2;
+  std::function<void(const std::string&)> progress;  // may be empty
+};
+
+struct ReportRow {
+  std::string impl, profile, tensor;
+  Metrics m;
+  double baseline_ratio = 0;  // NaN when the profile has no baseline for this tensor
+  double seconds = 0;
+};
+
+struct ProfileReference {
+  std::string profile;
+  int bits = 0, check_bits = 0;
+  double agreeing_bits = 0;  // ref.explicit at P vs at 2P
+  double required_bits = 0;  // stored-dtype precision + 20 (SPEC §4)
+  double dots_seconds = 0, explicit_seconds = 0, absorbed_seconds = 0, check_seconds = 0;
+};
+
+struct Report {
+  MlaConfig cfg;
+  std::vector<ProfileReference> references;
+  std::vector<ReportRow> rows;
+  double total_seconds = 0;
+  bool reference_ok() const;
+};
+
+Report run_report(const ReportOptions& opts);
+
+// Renderers. `how` says how the report was made (command, commit, compiler, flags).
+std::string render_table(const Report& r, const std::string& how);
+std::string render_markdown(const Report& r, const std::string& how);
+std::string render_json(const Report& r, const std::string& how);
+std::string render_csv(const Report& r);
+
+}  // namespace qkmla
