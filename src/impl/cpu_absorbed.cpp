@@ -110,10 +110,12 @@ LatentQuery<Acc> query(const Case& k, int b, int i, int h, Variant v, const std:
   else for (int j = 0; j < dc; ++j) w[size_t(j)] = (w[size_t(j)] * gq[size_t(j)]) * gk[size_t(j)];
   q.q_latent.resize(size_t(r));
   for (int l = 0; l < r; ++l) q.q_latent[size_t(l)] = dot(w.data(), W->data() + int64_t(l) * G * dc + g * dc, dc);
-  const bool folded = v == Variant::AlphaQFolded;
-  q.row_scale = (folded || v == Variant::QNormedFirst) ? Acc(1) : q.alpha_q;
+  // Folded and normalized-first queries carry alpha_q themselves; in unified mode alpha_q scales
+  // the whole score, so the query rope part carries it as well.
+  const bool folded = v == Variant::AlphaQFolded, carries = folded || v == Variant::QNormedFirst;
+  q.row_scale = carries ? Acc(1) : q.alpha_q;
   if (folded) for (Acc& x : q.q_latent) x *= q.alpha_q;
-  if (folded && unified) for (Acc& x : q.rope) x *= q.alpha_q;
+  if (carries && unified) for (Acc& x : q.rope) x *= q.alpha_q;
   for (Acc& x : q.q_latent) x = store(D, x);
   for (Acc& x : q.rope) x = store(D, x);
   return q;

@@ -1,0 +1,68 @@
+// reference.exact_dot.*: exact_matmul against plain MPFR at a precision where every sum is exact.
+#include <doctest/doctest.h>
+
+#include <mpfr.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/rng.hpp"
+#include "exact_dot.hpp"
+#include "helpers.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+// The exact dot product minus the expansion's exact sum, in MPFR with 4000 bits (products of
+// doubles and sums of a few hundred of them within 2^+-1100 are exact there). Returns true iff 0.
+bool exact_matches(const std::vector<double>& a, const std::vector<double>& b, int64_t n,
+                   int64_t k, int64_t i, int64_t j, const ref::ExactProduct& C) {
+  mpfr_t acc, prod;
+  mpfr_inits2(4000, acc, prod, (mpfr_ptr)nullptr);
+  mpfr_set_zero(acc, 1);
+  for (int64_t l = 0; l < n; ++l) {
+    mpfr_set_d(prod, a[size_t(i * n + l)], MPFR_RNDN);
+    mpfr_mul_d(prod, prod, b[size_t(l * k + j)], MPFR_RNDN);
+    mpfr_add(acc, acc, prod, MPFR_RNDN);
+  }
+  for (double t : C.entry(i, j)) mpfr_sub_d(acc, acc, t, MPFR_RNDN);
+  const bool ok = mpfr_zero_p(acc);
+  mpfr_clears(acc, prod, (mpfr_ptr)nullptr);
+  return ok;
+}
+
+void check_all(DType d, double spread, uint64_t seed) {
+  CAPTURE(seed);
+  CAPTURE(dtype_name(d));
+  Rng rng(seed);
+  const int64_t m = 9, n = 70, k = 37;  // ragged against the 16-column blocks
+  std::vector<double> a(size_t(m * n)), b(size_t(n * k));
+  // spread > 0: magnitudes 2^(-spread..spread) so that one dot needs several extraction levels.
+  auto draw = [&] { return round_to(d, rng.normal() * std::ldexp(1.0, int(spread * (2 * rng.uniform() - 1)))); };
+  for (double& x : a) x = draw();
+  for (double& x : b) x = draw();
+  a[3] = 0;  // zeros and exact cancellation must come out right too
+  b[5] = -b[6];
+  const ref::ExactProduct C = ref::exact_matmul(a.data(), n, m, n, b.data(), k, k);
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < k; ++j) bad += !exact_matches(a, b, n, k, i, j, C);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("reference.exact_dot.matches_mpfr_bf16") { check_all(DType::BF16, 0, test::seed(11)); }
+TEST_CASE("reference.exact_dot.matches_mpfr_fp32") { check_all(DType::F32, 0, test::seed(12)); }
+TEST_CASE("reference.exact_dot.matches_mpfr_fp64") { check_all(DType::F64, 0, test::seed(13)); }
+TEST_CASE("reference.exact_dot.wide_exponent_spread") {
+  // Exponents spread over +-60 (fp32) and +-150 (fp64) binades: more levels, and the scalar path.
+  check_all(DType::F32, 60, test::seed(14));
+  check_all(DType::F64, 150, test::seed(15));
+}
+TEST_CASE("reference.exact_dot.rejects_out_of_range") {
+  std::vector<double> a = {0x1p-500, 1.0}, b = {1.0, 1.0};
+  CHECK_THROWS_AS(ref::exact_matmul(a.data(), 2, 1, 2, b.data(), 1, 1), std::domain_error);
+}

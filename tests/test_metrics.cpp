@@ -1,0 +1,39 @@
+// metrics.*: the comparator's definitions (SPEC §5) on hand-computed cases.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "metrics/compare.hpp"
+
+using namespace qkmla;
+
+TEST_CASE("metrics.compare.definitions") {
+  Tensor y(DType::F64, {4}), x(DType::F32, {4});
+  y.data = {1.0, -2.0, 0.5, 4.0};
+  x.data = {1.0, -2.25, 0.5, 4.0};
+  const Metrics m = compare(x, y, DType::BF16, {});
+  CHECK(m.max_abs == 0.25);
+  CHECK(m.worst.index == std::vector<int64_t>{1});
+  CHECK(m.worst.value == -2.25);
+  CHECK(m.worst.ref == -2.0);
+  CHECK(m.max_ulp == doctest::Approx(0.25 / 0x1p-6));  // bf16 ulp at 2 is 2^-6
+  const double y2 = 1 + 4 + 0.25 + 16, x2 = 1 + 2.25 * 2.25 + 0.25 + 16;
+  CHECK(m.rel_l2 == doctest::Approx(0.25 / std::sqrt(y2)));
+  const double dot = 1 + 4.5 + 0.25 + 16;
+  CHECK(m.cos_diff == doctest::Approx(1 - 2 * dot / (x2 + y2)));
+  CHECK(m.nonfinite_mismatch == 0);
+  CHECK(m.compared == 4);
+}
+
+TEST_CASE("metrics.compare.nonfinite_and_masks") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  Tensor y(DType::F64, {6}), x(DType::F64, {6});
+  y.data = {-inf, inf, nan, 1.0, 2.0, nan};
+  x.data = {-inf, -inf, nan, nan, 2.0, 5.0};
+  Metrics m = compare(x, y, DType::F64, {});
+  CHECK(m.nonfinite_mismatch == 3);  // inf sign, NaN vs 1, 5 vs NaN
+  CHECK(m.compared == 1);
+  m = compare(x, y, DType::F64, {true, true, true, true, true, false});  // last slot unspecified
+  CHECK(m.nonfinite_mismatch == 2);
+}

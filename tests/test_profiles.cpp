@@ -1,0 +1,63 @@
+// impl.*: the CPU profile implementations against the reference, through the report pipeline.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "helpers.hpp"
+#include "report/report.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+Report small_report(const std::string& preset, std::vector<int> seqlens, int sq, uint64_t seed,
+                    std::vector<Profile> profiles, NormMode norm = NormMode::Blockwise) {
+  ReportOptions o;
+  o.cfg = test::tiny_config(Profile::BF16, std::move(seqlens), sq, norm, seed, preset);
+  o.cfg.set_default_scale();
+  o.profiles = std::move(profiles);
+  o.ref_bits = 113;
+  return run_report(o);
+}
+
+}  // namespace
+
+TEST_CASE("impl.absorbed.baseline_ratio_bf16_fp16_normal") {
+  // SPEC §5: in bf16 and fp16 the absorbed form is within twice the explicit form's error.
+  for (uint64_t s : {test::seed(51), test::seed(51) + 1, test::seed(51) + 2}) {
+    CAPTURE(s);
+    const Report r = small_report("paper-decode", {0, 40}, 2, s, {Profile::BF16, Profile::FP16});
+    int rows = 0;
+    for (const ReportRow& row : r.rows) {
+      if (row.tensor != "out" || row.impl.rfind("cpu.absorbed.", 0) != 0) continue;
+      CAPTURE(row.impl);
+      CHECK(row.baseline_ratio <= 2.0);
+      CHECK(row.m.nonfinite_mismatch == 0);
+      ++rows;
+    }
+    CHECK(rows == 9);  // 5 bf16 variants + 4 fp16 variants
+    CHECK(r.reference_ok());
+  }
+}
+
+TEST_CASE("impl.fp64_matches_reference") {
+  const Report r = small_report("tiny", {0, 7, 33}, 2, test::seed(52), {Profile::FP64}, NormMode::Unified);
+  for (const ReportRow& row : r.rows) {
+    CAPTURE(row.impl);
+    CAPTURE(row.tensor);
+    if (row.impl.rfind("ref.", 0) == 0) CHECK(row.m.rel_l2 < 1e-28);
+    else CHECK(row.m.rel_l2 < 1e-14);
+    CHECK(row.m.nonfinite_mismatch == 0);
+  }
+}
+
+TEST_CASE("impl.report.reference_agreement") {
+  const Report r = small_report("tiny", {3, 12}, 1, test::seed(53), {Profile::FP32, Profile::BF16});
+  REQUIRE(r.references.size() == 2);
+  for (const ProfileReference& p : r.references) {
+    CHECK(p.bits >= 113);
+    CHECK(p.check_bits >= 2 * 113);
+    CHECK(p.agreeing_bits >= 90);  // P = 114 bits; the double-double capture caps it near 106
+    CHECK(p.agreeing_bits >= p.required_bits);
+  }
+}
