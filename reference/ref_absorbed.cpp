@@ -1,4 +1,4 @@
-// ref.absorbed: SPEC §1.2 in the reference's precision (proofs/reference.md, steps A.1-A.7).
+// ref.absorbed: SPEC §1.2 in the reference's precision (proofs/reference.md, steps A.1-A.6, U.1, X.4).
 // Row-scaled alpha_q (paper Eq. 12), gains applied at run time, alpha_k from the transient key.
 #include <chrono>
 

@@ -1,4 +1,4 @@
-// ref.explicit: SPEC §1.1 evaluated stage by stage (proofs/reference.md, steps E.1-E.8).
+// ref.explicit: SPEC §1.1 evaluated stage by stage (proofs/reference.md, steps E.1-E.7, U.1).
 #include <chrono>
 
 #include "ref_common.hpp"

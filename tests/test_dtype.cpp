@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "core/dtype.hpp"
+#include "core/rng.hpp"
+#include "helpers.hpp"
 
 using namespace qkmla;
 
@@ -83,4 +85,22 @@ TEST_CASE("dtype.encodings_roundtrip") {
   CHECK(decode_e4m3(0x7E) == 448.0);
   CHECK(decode_e4m3(0x01) == 0x1p-9);
   CHECK_THROWS_AS(encode16(DType::BF16, 1.0 + 0x1p-20), std::domain_error);
+}
+
+TEST_CASE("dtype.fast_path_matches_slow_path") {
+  // Values that are floats take a bit-level path; values that are not, the generic one. Both
+  // must agree: compare every float near ties, subnormals and overflow against x + tiny offsets
+  // that are not floats but round identically (they sit strictly inside the same interval).
+  Rng rng(test::seed(61));
+  for (int n = 0; n < 200000; ++n) {
+    const int e = int(rng.below(300)) - 150;
+    const float f = float(std::ldexp(rng.normal(), e));
+    for (DType d : {DType::BF16, DType::F16}) {
+      const double r = round_to(d, double(f));
+      const double up = std::nextafter(double(f), INFINITY), down = std::nextafter(double(f), -INFINITY);
+      // a tie at f would go different ways at f +- 1 ulp(double); otherwise all three agree
+      const double ru = round_to(d, up), rd = round_to(d, down);
+      CHECK((r == ru || r == rd));
+    }
+  }
 }
