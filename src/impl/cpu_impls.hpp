@@ -6,6 +6,7 @@
 
 #include "core/case.hpp"
 #include "core/outputs.hpp"
+#include "impl/mutants.hpp"
 
 namespace qkmla::impl {
 
@@ -28,5 +29,7 @@ Outputs cpu_explicit(const Case& k);
 Outputs cpu_absorbed(const Case& k, Variant v);
 // All variants of the case's profile at once: the cache (alpha_k, rope keys) is built once and shared.
 std::vector<Outputs> cpu_absorbed_all(const Case& k);
+// mutant.<name>.<profile>: the default absorbed implementation with one bug (SPEC §7).
+Outputs cpu_mutant(const Case& k, Mutant m);
 
 }  // namespace qkmla::impl

@@ -1,0 +1,19 @@
+// The subcommands. Each add_* registers its flags on `app` and returns what runs it.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace qkmla::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_presets(CLI::App& app);
+Runner add_report(CLI::App& app, const std::string& command_line);
+Runner add_gate(CLI::App& app, const std::string& command_line);
+Runner add_mutants(CLI::App& app, const std::string& command_line);
+
+// Writes text to path, or to stdout when path is empty. 0, or 2 when the file cannot be written.
+int write_output(const std::string& text, const std::string& path);
+
+}  // namespace qkmla::cli

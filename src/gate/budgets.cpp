@@ -1,0 +1,135 @@
+#include "gate/budgets.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <toml++/toml.h>
+
+#include "io/safetensors.hpp"
+
+namespace qkmla {
+
+GateRule default_rule() {
+  GateRule r;
+  // No per-metric budgets yet: the baseline rule of SPEC §6 alone judges every implementation
+  // (proofs/budgets.md). A [[budget]] table in a TOML file adds or overrides them.
+  return r;
+}
+
+namespace {
+
+bool matches(const std::string& pattern, const std::string& value) {
+  if (pattern == "*" || pattern == value) return true;
+  return !pattern.empty() && pattern.back() == '*' && value.rfind(pattern.substr(0, pattern.size() - 1), 0) == 0;
+}
+
+double metric_value(const Metrics& m, const std::string& name, double baseline_ratio) {
+  if (name == "max_abs") return m.max_abs;
+  if (name == "max_ulp") return m.max_ulp;
+  if (name == "rel_l2") return m.rel_l2;
+  if (name == "cos_diff") return m.cos_diff;
+  if (name == "baseline_ratio") return baseline_ratio;
+  return std::nan("");
+}
+
+}  // namespace
+
+void apply_budget_file(GateRule& rule, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path, "file", "cannot be opened");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  toml::table t;
+  try {
+    t = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(path, "toml", std::string(e.description()));
+  }
+  for (const auto& [key, node] : t) {
+    const std::string k(key.str());
+    if (k != "baseline_k" && k != "budget") throw InputError(path, k, "unknown key (expected baseline_k or [[budget]])");
+  }
+  apply_budget_text(rule, text, path);
+}
+
+void apply_budget_text(GateRule& rule, const std::string& text, const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(path, "toml", std::string(e.description()));
+  }
+  if (const auto* k = t.get("baseline_k")) {
+    const auto v = k->value<double>();
+    if (!v || !(*v > 0)) throw InputError(path, "baseline_k", "must be a positive number");
+    rule.baseline_k = *v;
+  }
+  const toml::array* arr = t["budget"].as_array();
+  if (!arr && t.contains("budget")) throw InputError(path, "budget", "must be an array of tables ([[budget]])");
+  for (size_t i = 0; arr && i < arr->size(); ++i) {
+    const toml::table* b = (*arr)[i].as_table();
+    const std::string where = fmt::format("budget[{}]", i);
+    if (!b) throw InputError(path, where, "must be a table");
+    for (const auto& [key, node] : *b) {
+      const std::string k(key.str());
+      if (k != "impl" && k != "preset" && k != "scenario" && k != "profile" && k != "tensor" && k != "metric" && k != "max" && k != "source")
+        throw InputError(path, where + "." + k, "unknown key");
+    }
+    Budget bud;
+    bud.impl = (*b)["impl"].value_or(std::string("*"));
+    bud.preset = (*b)["preset"].value_or(std::string("*"));
+    bud.scenario = (*b)["scenario"].value_or(std::string("*"));
+    bud.profile = (*b)["profile"].value_or(std::string("*"));
+    bud.tensor = (*b)["tensor"].value_or(std::string("*"));
+    bud.metric = (*b)["metric"].value_or(std::string(""));
+    const auto max = (*b)["max"].value<double>();
+    bud.source = (*b)["source"].value_or(std::string(""));
+    if (std::isnan(metric_value(Metrics{}, bud.metric, 0)))
+      throw InputError(path, where + ".metric", "must be max_abs, max_ulp, rel_l2, cos_diff or baseline_ratio");
+    if (!max || !(*max >= 0)) throw InputError(path, where + ".max", "must be a number >= 0");
+    if (bud.source.empty()) throw InputError(path, where + ".source", "every budget needs a source (a proof step or a measured baseline)");
+    bud.max = *max;
+    bool replaced = false;
+    for (Budget& old : rule.budgets)
+      if (old.impl == bud.impl && old.preset == bud.preset && old.scenario == bud.scenario &&
+          old.profile == bud.profile && old.tensor == bud.tensor && old.metric == bud.metric)
+        old = bud, replaced = true;
+    if (!replaced) rule.budgets.push_back(bud);
+  }
+}
+
+Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio) {
+  Verdict v;
+  auto fail = [&](const std::string& metric, const std::string& what) {
+    v.pass = false;
+    if (v.first_metric.empty()) v.first_metric = metric;
+    v.failed.push_back(what);
+  };
+  if (m.nonfinite_mismatch != 0) fail("nonfinite_mismatch", fmt::format("nonfinite_mismatch={}", m.nonfinite_mismatch));
+  for (double x : {m.max_abs, m.max_ulp, m.rel_l2, m.cos_diff})
+    if (std::isnan(x)) {
+      fail("nan", "a metric is NaN");
+      break;
+    }
+  double k = rule.baseline_k;
+  std::string k_source = "SPEC §6";
+  std::vector<const Budget*> matching;
+  for (const Budget& b : rule.budgets) {
+    if (!matches(b.impl, s.impl) || !matches(b.preset, s.preset) || !matches(b.scenario, s.scenario) ||
+        !matches(b.profile, s.profile) || !matches(b.tensor, s.tensor))
+      continue;
+    if (b.metric == "baseline_ratio") k = b.max, k_source = b.source;
+    else matching.push_back(&b);
+  }
+  // A tensor without a baseline (latent_out: cpu.explicit never forms it) has NaN here and is
+  // judged by the other rules only.
+  if (!std::isnan(baseline_ratio) && !(baseline_ratio <= k))
+    fail("baseline_ratio", fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, k_source));
+  for (const Budget* b : matching) {
+    const double x = metric_value(m, b->metric, baseline_ratio);
+    if (!(x <= b->max)) fail(b->metric, fmt::format("{}={:.3g}>{:.3g} ({})", b->metric, x, b->max, b->source));
+  }
+  return v;
+}
+
+}  // namespace qkmla

@@ -1,0 +1,50 @@
+// The gate rule (SPEC §6) and its budgets: data, each with a source, overridable from TOML.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "metrics/compare.hpp"
+
+namespace qkmla {
+
+struct Budget {
+  std::string impl;     // implementation id pattern: exact, or a prefix ending in '*'
+  std::string preset;   // preset name or "*"
+  std::string scenario; // scenario name or "*"
+  std::string profile;  // profile name or "*"
+  std::string tensor;   // tensor name or "*"
+  std::string metric;   // max_abs | max_ulp | rel_l2 | cos_diff | baseline_ratio
+  double max = 0;
+  std::string source;   // a proof step in proofs/, SPEC section, or a measured baseline + commit
+};
+
+struct GateRule {
+  double baseline_k = 2.0;  // SPEC §6 default
+  std::vector<Budget> budgets;
+};
+
+// The built-in table (proofs/budgets.md lists it with its sources).
+GateRule default_rule();
+// Reads overrides: `baseline_k = K` and [[budget]] tables with impl/profile/tensor/metric/max/
+// source. Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones.
+// Throws InputError naming the file and the key.
+void apply_budget_file(GateRule& rule, const std::string& path);
+// The same for TOML text already read; `name` is what messages call the file.
+void apply_budget_text(GateRule& rule, const std::string& text, const std::string& name);
+
+struct Verdict {
+  bool pass = true;
+  std::vector<std::string> failed;  // "nonfinite_mismatch=3", "baseline_ratio=2.7>2 (SPEC §6)", ...
+  std::string first_metric;         // the metric of the first failure ("" if passed)
+};
+
+// What a verdict is about (budgets match on these).
+struct Subject {
+  std::string impl, preset, scenario, profile, tensor;
+};
+
+// PASS iff nonfinite_mismatch == 0, baseline_ratio <= k (when a baseline exists) and every
+// matching budget holds. A matching baseline_ratio budget replaces k. NaN never passes.
+Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio);
+
+}  // namespace qkmla
