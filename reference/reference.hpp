@@ -22,5 +22,7 @@ Dots exact_dots(const Case& k);
 Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out);
 // Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent.
 Outputs ref_absorbed(const Case& k, const Dots& d);
+// Kernel-level case (SPEC §2): latent_out and lse from the rounded kernel inputs.
+Outputs ref_kernel(const Case& kernel_case);
 
 }  // namespace qkmla::ref

@@ -3,9 +3,16 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "io/safetensors.hpp"
 
 namespace {
 
@@ -14,8 +21,8 @@ struct Run {
   std::string out;
 };
 
-Run run(const std::string& args) {
-  const std::string cmd = std::string(QKMLA_BINARY) + " " + args + " 2>&1";
+Run run_raw(const std::string& cmd_line) {
+  const std::string cmd = cmd_line + " 2>&1";
   Run r{-1, ""};
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -26,6 +33,8 @@ Run run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Run run(const std::string& args) { return run_raw(std::string(QKMLA_BINARY) + " " + args); }
 
 }  // namespace
 
@@ -78,4 +87,172 @@ TEST_CASE("cli.presets_lists_dims") {
   CHECK(r.code == 0);
   CHECK(r.out.find("paper-decode") != std::string::npos);
   CHECK(r.out.find("kimi-k2") != std::string::npos);
+}
+
+namespace {
+
+std::vector<unsigned char> slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void spit(const std::string& p, const std::vector<unsigned char>& b) {
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+}
+
+// A golden case and a copy of its reference as "outputs" (which must pass).
+struct Golden {
+  std::string dir = "/tmp/qkmla_cli_golden";
+  std::string gcase = dir + "/case.safetensors", outs = dir + "/outs.safetensors";
+  Golden() {
+    std::filesystem::create_directories(dir);
+    REQUIRE(run("golden --preset tiny --profile fp32 --seqlens 0,9,21 --sq 2 -o " + gcase).code == 0);
+    qkmla::SafetensorsFile f = qkmla::read_safetensors(gcase);
+    qkmla::SafetensorsFile o;
+    for (const char* t : {"out", "lse"}) {
+      o.tensors[t] = f.tensors.at(std::string("ref.") + t);
+      o.tensors[t].dtype = qkmla::DType::F32;
+      for (double& v : o.tensors[t].data) v = double(float(v));
+    }
+    qkmla::write_safetensors(outs, o);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cli.golden_audit.pass_and_fail") {
+  Golden g;
+  Run r = run("audit " + g.gcase + " " + g.outs + " --junit " + g.dir + "/audit.xml");
+  CAPTURE(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("verdict: PASS") != std::string::npos);
+  CHECK(r.out.find("rel_l2 per head") != std::string::npos);
+  qkmla::SafetensorsFile o = qkmla::read_safetensors(g.outs);
+  o.tensors["out"].at({1, 0, 2, 3}) += 0.01;  // one wrong element in head 2 of sequence 1
+  o.tensors.erase("lse");
+  qkmla::write_safetensors(g.dir + "/bad.safetensors", o);
+  r = run("audit " + g.gcase + " " + g.dir + "/bad.safetensors --format json");
+  CHECK(r.code == 1);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["verdict"] == "FAIL");
+  CHECK(j["missing"][0] == "lse");
+  CHECK(j["tensors"][0]["worst"][0]["index"] == nlohmann::json({1, 0, 2, 3}));
+}
+
+TEST_CASE("cli.audit.lse_conventions") {
+  Golden g;
+  qkmla::SafetensorsFile o = qkmla::read_safetensors(g.outs);
+  for (double& v : o.tensors["lse"].data) v = std::isinf(v) ? INFINITY : double(float(v / std::log(2.0)));
+  qkmla::write_safetensors(g.dir + "/base2.safetensors", o);
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors").code == 1);  // read as base e: wrong
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2").code == 1);  // +inf rows
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2 --empty-lse=+inf").code == 0);
+}
+
+TEST_CASE("cli.malformed_inputs_exit_2") {
+  Golden g;
+  const std::vector<unsigned char> good = slurp(g.gcase);
+  uint64_t hlen;
+  std::memcpy(&hlen, good.data(), 8);
+  const std::string header(good.begin() + 8, good.begin() + 8 + std::ptrdiff_t(hlen));
+  auto with_header = [&](std::string h) {  // same data, edited header (re-padded)
+    h.append((8 - h.size() % 8) % 8, ' ');
+    std::vector<unsigned char> b(8);
+    const uint64_t n = h.size();
+    std::memcpy(b.data(), &n, 8);
+    b.insert(b.end(), h.begin(), h.end());
+    b.insert(b.end(), good.begin() + 8 + std::ptrdiff_t(hlen), good.end());
+    return b;
+  };
+  auto replace = [&](std::string from, std::string to) {
+    std::string h = header;
+    const size_t at = h.find(from);
+    REQUIRE(at != std::string::npos);
+    return with_header(h.replace(at, from.size(), to));
+  };
+  struct Bad {
+    const char* what;
+    std::vector<unsigned char> bytes;
+    const char* message;
+  };
+  std::vector<unsigned char> truncated(good.begin(), good.begin() + std::ptrdiff_t(good.size() / 2));
+  std::vector<unsigned char> past = good;
+  const uint64_t huge = good.size() + 100;
+  std::memcpy(past.data(), &huge, 8);
+  // header tensors are sorted by name: "gamma_ck" then "gamma_cq" follow each other.
+  nlohmann::json h = nlohmann::json::parse(header);
+  const auto off = h["gamma_ck"]["data_offsets"];
+  nlohmann::json overlap = h;
+  overlap["gamma_cq"]["data_offsets"] = {off[0].get<uint64_t>() + 4, off[1].get<uint64_t>() + 4};
+  nlohmann::json wrong_dtype = h;
+  wrong_dtype["w_uk"]["dtype"] = "F7";
+  nlohmann::json size = h;
+  size["w_uk"]["shape"] = {32, 33};
+  nlohmann::json missing = h;
+  missing.erase("w_uv");
+  nlohmann::json shape = h;  // consistent bytes, but not the config's shape
+  shape["w_uk"]["shape"] = {64, 16};
+  std::vector<Bad> cases = {
+      {"truncated", truncated, "outside the data section"},
+      {"header past end", past, "runs past the end"},
+      {"overlap", with_header(overlap.dump()), "overlaps"},
+      {"unknown dtype", with_header(wrong_dtype.dump()), "unsupported dtype 'F7'"},
+      {"size mismatch", with_header(size.dump()), "needs"},
+      {"missing tensor", with_header(missing.dump()), "w_uv: missing tensor"},
+      {"shape vs config", with_header(shape.dump()), "w_uk: shape [64, 16] does not match"},
+      {"config mismatch", replace("\\\"heads\\\":4", "\\\"heads\\\":8"), "does not match"},
+      {"unknown config key", replace("\\\"causal\\\"", "\\\"casual\\\""), "casual: unknown config key"},
+  };
+  // NaN inside a read input: q_nope's first value.
+  std::vector<unsigned char> nan_bytes = good;
+  const uint64_t q0 = h["q_nope"]["data_offsets"][0].get<uint64_t>();
+  const float nanf = NAN;
+  std::memcpy(nan_bytes.data() + 8 + hlen + q0, &nanf, 4);
+  cases.push_back({"NaN in inputs", nan_bytes, "q_nope: non-finite value"});
+  for (const Bad& b : cases) {
+    CAPTURE(b.what);
+    const std::string p = g.dir + "/malformed.safetensors";
+    spit(p, b.bytes);
+    const Run r = run("audit " + p + " " + g.outs);
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("malformed.safetensors") != std::string::npos);
+    CHECK(r.out.find(b.message) != std::string::npos);
+  }
+  // Outputs of the wrong shape name the outputs file and the tensor.
+  qkmla::SafetensorsFile o;
+  o.tensors["out"] = qkmla::Tensor(qkmla::DType::F32, {3, 2, 4, 15});
+  qkmla::write_safetensors(g.dir + "/shape.safetensors", o);
+  const Run r = run("audit " + g.gcase + " " + g.dir + "/shape.safetensors");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("out: shape [3, 2, 4, 15] does not match") != std::string::npos);
+}
+
+TEST_CASE("cli.gate.junit_validates_and_shards_merge") {
+  const std::string dir = "/tmp/qkmla_cli_gate";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/g.toml") << "[[entry]]\npresets = [\"tiny\"]\nprofiles = [\"bf16\", \"fp64\"]\nseqlens = [5, 12]\nsq = 2\n"
+                                    "impls = [\"cpu.absorbed\", \"cpu.absorbed.gamma_merged\"]\n[[entry]]\nname = \"m\"\npresets = [\"tiny\"]\nscenarios = [\"normal\", \"tiny_keys\"]\nprofiles = [\"fp64\", \"fp32\"]\n"
+                                    "seqlens = [5, 12]\nsq = 2\nimpls = [\"mutant.*\"]\nexpect = \"fail\"\n";
+  Run whole = run("gate --config " + dir + "/g.toml --junit " + dir + "/whole.xml");
+  CAPTURE(whole.out);
+  CHECK(whole.code == 0);
+  const std::string last = whole.out.substr(whole.out.rfind('\n', whole.out.size() - 2) + 1);
+  CHECK(last.find(" passed, 0 failed") != std::string::npos);
+  for (int k = 1; k <= 2; ++k)
+    CHECK(run("gate --config " + dir + "/g.toml --shard " + std::to_string(k) + "/2 --format json -o " + dir + "/s" + std::to_string(k) + ".json").code == 0);
+  Run merged = run("gate --merge " + dir + "/s1.json " + dir + "/s2.json --junit " + dir + "/merged.xml");
+  CHECK(merged.code == 0);
+  CHECK(merged.out.substr(merged.out.rfind('\n', merged.out.size() - 2) + 1) == last);
+  // Well-formed, and the counts in the attributes match the testcases (Python's XML parser).
+  for (const char* x : {"whole.xml", "merged.xml"}) {
+    const Run py = run_raw("python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+                           "n = len(r.findall('.//testcase')); f = len(r.findall('.//failure')); "
+                           "assert int(r.get('tests')) == n and int(r.get('failures')) == f, (n, f); "
+                           "assert all(int(s.get('tests')) == len(s.findall('testcase')) for s in r); print('ok', n, f)\" " + dir + "/" + x);
+    CAPTURE(py.out);
+    CHECK(py.code == 0);
+    CHECK(py.out.rfind("ok ", 0) == 0);
+  }
+  CHECK(run("gate --shard 3/2").code == 2);
+  CHECK(run("gate --merge " + dir + "/g.toml").code == 2);
 }

@@ -18,6 +18,10 @@ bool Case::causal_visible(int b, int i, int64_t t) const {
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,
                                                                   int64_t t_max, int64_t p_max) {
   const int64_t B = c.batch, S = c.s_q, H = c.heads, G = c.groups, r = c.latent_rank;
+  if (c.level == Level::Kernel)  // SPEC §2 kernel level: already absorbed, already rounded
+    return {{"q_latent", {B, S, H, r}}, {"alpha_q", {B, S, H}},    {"q_rope", {B, S, H, c.d_r}},
+            {"kv_c", {B, t_max, r}},    {"k_rope", {B, t_max, c.d_r}}, {"alpha_k", {B, t_max, G}},
+            {"seqlens", {B}}};
   std::map<std::string, std::vector<int64_t>> m = {
       {"q_nope", {B, S, H, c.d_c}},     {"q_pe", {B, S, H, c.d_r}},
       {"kv_c", {B, t_max, r}},          {"k_pe", {B, t_max, c.d_r}},
@@ -38,7 +42,8 @@ void validate_case(const Case& k) {
   const MlaConfig& c = k.cfg;
   c.validate();
   const int64_t t_max = k.get("kv_c").shape.size() == 3 ? k.get("kv_c").shape[1] : -1;
-  const int64_t p_max = k.get("rope_cos").shape.empty() ? -1 : k.get("rope_cos").shape[0];
+  const bool kernel = c.level == Level::Kernel;
+  const int64_t p_max = kernel ? t_max : (k.get("rope_cos").shape.empty() ? -1 : k.get("rope_cos").shape[0]);
   for (const auto& [name, shape] : expected_input_shapes(c, t_max, p_max)) {
     const Tensor& t = k.get(name);
     if (t.shape != shape)
@@ -60,12 +65,12 @@ void validate_case(const Case& k) {
   // Non-finite values in the read part of an input are refused: they would make every
   // comparison meaningless. Cache rows past T_b are unspecified and not read.
   for (const auto& [name, t] : k.tensors) {
-    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe") continue;
+    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" || name == "alpha_k") continue;
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t[i]))
         throw ConfigError(name, "non-finite value at flat index " + std::to_string(i));
   }
-  for (const char* name : {"kv_c", "k_pe"}) {
+  for (const char* name : {"kv_c", kernel ? "k_rope" : "k_pe", kernel ? "alpha_k" : "kv_c"}) {
     const Tensor& t = k.get(name);
     const int64_t width = t.shape[2];
     for (int b = 0; b < c.batch; ++b)

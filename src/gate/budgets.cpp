@@ -12,9 +12,15 @@ namespace qkmla {
 
 GateRule default_rule() {
   GateRule r;
-  // No per-metric budgets yet: the baseline rule of SPEC §6 alone judges every implementation
-  // (proofs/budgets.md). A [[budget]] table in a TOML file adds or overrides them.
+  apply_budget_text(r, default_budget_text(), "budget table (src/gate/budgets.toml)");
   return r;
+}
+
+const std::string& default_budget_text() {
+  static const std::string text =
+#include "gate/budgets_toml.inc"
+      ;
+  return text;
 }
 
 namespace {

@@ -23,8 +23,9 @@ struct GateRule {
   std::vector<Budget> budgets;
 };
 
-// The built-in table (proofs/budgets.md lists it with its sources).
+// The built-in table: src/gate/budgets.toml, compiled in (proofs/budgets.md explains it).
 GateRule default_rule();
+const std::string& default_budget_text();
 // Reads overrides: `baseline_k = K` and [[budget]] tables with impl/profile/tensor/metric/max/
 // source. Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones.
 // Throws InputError naming the file and the key.

@@ -24,11 +24,12 @@ std::vector<GateCase> GateResults::testcases() const {
       out.push_back(c);
       continue;
     }
-    const std::string key = c.suite + "|" + c.mutant + "|" + c.profile;
+    const std::string key = c.mutant + "|" + c.profile;  // across every entry that runs mutants
     const bool killed = c.expect_pass ? !c.ok : c.ok;
     auto it = slot.find(key);
     if (it == slot.end()) {
       GateCase agg = c;
+      agg.suite = "mutants";
       agg.name = c.mutant + "/" + c.profile;
       agg.message = killed ? c.message + " (" + c.name + ")" : c.message;
       slot[key] = out.size();

@@ -27,8 +27,8 @@ struct NotApplicable {
 struct GateResults {
   std::vector<GateCase> cases;  // raw: mutants once per case they ran on
   std::vector<NotApplicable> not_applicable;
-  // The verdicts: every non-mutant case as is; each (entry, mutant, profile) once, ok when the
-  // mutant was killed on at least one case of the entry (expect = "fail").
+  // The verdicts: every non-mutant case as is; each (mutant, profile) once (suite "mutants"), ok
+  // when the mutant was killed on at least one case of any entry that runs it (expect = "fail").
   std::vector<GateCase> testcases() const;
   int passed() const;
   int failed() const;

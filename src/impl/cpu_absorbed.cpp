@@ -7,6 +7,7 @@
 #include "impl/cpu_impls.hpp"
 #include <algorithm>
 
+#include "impl/kernel_level.hpp"
 #include "impl/mutants.hpp"
 #include "impl/norm_stage.hpp"
 
@@ -296,6 +297,48 @@ std::vector<Outputs> cpu_absorbed_all(const Case& k) {
 Outputs cpu_absorbed(const Case& k, Variant v) {
   const std::vector<Flavor> f = {{v, Mutant::None}};
   return accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, f)[0] : run<float>(k, f)[0];
+}
+
+namespace {
+template <class Acc>
+Case kernel_case_t(const Case& k) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
+  const int H = cf.heads, S = cf.s_q, G = cf.groups, dr = cf.d_r, r = cf.latent_rank;
+  const int64_t T = k.t_max();
+  const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk"));
+  const Flavor f{};
+  Case kc{cf, {}};
+  kc.cfg.level = Level::Kernel;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor& ql = kc.tensors["q_latent"] = Tensor(D, {cf.batch, S, H, r});
+  Tensor& aq = kc.tensors["alpha_q"] = Tensor(A, {cf.batch, S, H});
+  Tensor& qr = kc.tensors["q_rope"] = Tensor(D, {cf.batch, S, H, dr});
+  Tensor& kv = kc.tensors["kv_c"] = Tensor(D, {cf.batch, T, r}, nan);
+  Tensor& kr = kc.tensors["k_rope"] = Tensor(D, {cf.batch, T, dr}, nan);
+  Tensor& ak = kc.tensors["alpha_k"] = Tensor(A, {cf.batch, T, G}, nan);
+  kc.tensors["seqlens"] = k.get("seqlens");
+  for (int b = 0; b < cf.batch; ++b) {
+    const LatentCache<Acc> cache = build_cache(k, b, wk, Acc(cf.eps), f);
+    for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
+      for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(cache.c[size_t(t * r + l)]);
+      for (int j = 0; j < dr; ++j) kr.at({b, t, j}) = double(cache.rope[size_t(t * dr + j)]);
+      for (int g = 0; g < G; ++g) ak.at({b, t, g}) = double(cache.alpha_k[size_t(t * G + g)]);
+    }
+    for (int i = 0; i < S; ++i)
+      for (int h = 0; h < H; ++h) {
+        const LatentQuery<Acc> q = query(k, b, i, h, f, wk, wk, Acc(cf.eps));
+        aq.at({b, i, h}) = double(q.alpha_q);
+        for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
+        for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
+      }
+  }
+  return kc;
+}
+}  // namespace
+
+Case kernel_case(const Case& k) {
+  return accumulate_dtype(k.cfg.profile) == DType::F64 ? kernel_case_t<double>(k) : kernel_case_t<float>(k);
 }
 
 Outputs cpu_mutant(const Case& k, Mutant m) {

@@ -10,6 +10,7 @@ CaseFile read_case(const std::string& path) {
     throw InputError(path, "__metadata__.qkmla.format", "must be \"1\" (got \"" + f.metadata["qkmla.format"] + "\")");
   if (!f.metadata.count("qkmla.config")) throw InputError(path, "__metadata__.qkmla.config", "missing");
   CaseFile out;
+  out.metadata = f.metadata;
   try {
     out.k.cfg = config_from_json(f.metadata["qkmla.config"]);
   } catch (const ConfigError& e) {
@@ -27,8 +28,10 @@ CaseFile read_case(const std::string& path) {
   return out;
 }
 
-void write_case(const std::string& path, const Case& k, const std::map<std::string, Tensor>& refs) {
+void write_case(const std::string& path, const Case& k, const std::map<std::string, Tensor>& refs,
+                const std::map<std::string, std::string>& extra_metadata) {
   SafetensorsFile f;
+  f.metadata = extra_metadata;
   f.metadata["qkmla.format"] = "1";
   f.metadata["qkmla.config"] = config_to_json(k.cfg);
   f.tensors = k.tensors;

@@ -51,8 +51,9 @@ struct Span {
 
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  const std::vector<unsigned char> bytes = slurp(path);
+SafetensorsFile read_safetensors(const std::string& path) { return parse_safetensors(slurp(path), path); }
+
+SafetensorsFile parse_safetensors(const std::vector<unsigned char>& bytes, const std::string& path) {
   if (bytes.size() < 8) throw InputError(path, "header", "file shorter than the 8-byte header length (truncated?)");
   const uint64_t n = load_le<uint64_t>(bytes.data());
   if (n > kMaxHeaderBytes)

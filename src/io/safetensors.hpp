@@ -3,6 +3,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -22,6 +23,8 @@ struct SafetensorsFile {
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 SafetensorsFile read_safetensors(const std::string& path);
+// The same on bytes already in memory; `name` is what messages call the file.
+SafetensorsFile parse_safetensors(const std::vector<unsigned char>& bytes, const std::string& name);
 void write_safetensors(const std::string& path, const SafetensorsFile& f);
 
 }  // namespace qkmla

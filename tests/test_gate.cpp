@@ -1,0 +1,121 @@
+// gate.*: the default matrix passes every correct implementation and kills every mutant; shards
+// merge to the whole; budgets are data with sources; no false alarm over 50 seeds.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "gate/run_gate.hpp"
+#include "helpers.hpp"
+#include "impl/mutants.hpp"
+#include "io/safetensors.hpp"
+
+using namespace qkmla;
+
+TEST_CASE("gate.default_config_passes_correct_and_kills_every_mutant") {
+  const GateConfig c = parse_gate_config_text(default_gate_config_text(), "default");
+  const GateResults r = run_gate(c, 1, 1, 2);
+  const std::vector<GateCase> tc = r.testcases();
+  for (const GateCase& g : tc)
+    if (!g.ok) FAIL_CHECK(g.classname << " " << g.name << ": " << g.message);
+  CHECK(r.failed() == 0);
+  // Every mutant x profile has a verdict (none skipped as not applicable everywhere), killed.
+  for (impl::Mutant m : impl::all_mutants())
+    for (const char* p : {"fp64", "fp32", "bf16", "fp16"}) {
+      CAPTURE(impl::mutant_name(m));
+      CAPTURE(p);
+      const GateCase* found = nullptr;
+      for (const GateCase& g : tc)
+        if (g.mutant == impl::mutant_name(m) && g.profile == p) found = &g;
+      REQUIRE(found != nullptr);
+      CHECK(found->ok);
+    }
+}
+
+TEST_CASE("gate.shards_merge_to_the_whole") {
+  const std::string text = R"(
+[[entry]]
+name = "small"
+presets = ["tiny"]
+scenarios = ["normal", "tiny_keys"]
+profiles = ["fp32", "bf16"]
+seqlens = [3, 9]
+sq = 2
+seeds = [1, 2]
+impls = ["cpu.absorbed", "mutant.no_eps", "mutant.lse_base2"]
+)";
+  const GateConfig c = parse_gate_config_text(text, "small");
+  const GateResults whole = run_gate(c, 1, 1, 1);
+  GateResults merged;
+  for (int k = 1; k <= 3; ++k) merge_into(merged, run_gate(c, k, 3, 1));
+  CHECK(merged.cases.size() == whole.cases.size());
+  CHECK(merged.passed() == whole.passed());
+  CHECK(merged.failed() == whole.failed());
+  // no_eps survives in this entry's normal-scenario bf16 cases but dies in tiny_keys: aggregated.
+  CHECK(whole.failed() > 0);  // mutants in an expect = "pass" entry fail it
+  const std::string xml = junit_xml(whole);
+  CHECK(xml.find("tests=\"" + std::to_string(whole.testcases().size()) + "\"") != std::string::npos);
+  CHECK(xml.find("failures=\"" + std::to_string(whole.failed()) + "\"") != std::string::npos);
+  // JSON round trip used by --merge
+  const std::string path = "/tmp/qkmla_test_gate_results.json";
+  std::ofstream(path) << results_json(whole);
+  const GateResults back = results_from_json(path);
+  CHECK(back.cases.size() == whole.cases.size());
+  CHECK(back.failed() == whole.failed());
+}
+
+TEST_CASE("gate.budgets_are_data_with_sources") {
+  const GateRule d = default_rule();
+  REQUIRE(!d.budgets.empty());
+  for (const Budget& b : d.budgets) CHECK(!b.source.empty());
+  Metrics m;
+  m.rel_l2 = 1;
+  // tiny preset: the measured budget (4) replaces k = 2; elsewhere k = 2.
+  CHECK(judge(d, {"cpu.absorbed.bf16", "tiny", "normal", "bf16", "out"}, m, 3.0).pass);
+  CHECK_FALSE(judge(d, {"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"}, m, 3.0).pass);
+  CHECK(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, std::nan("")).pass);  // no baseline: not judged by it
+  m.nonfinite_mismatch = 1;
+  CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0).pass);
+  m.nonfinite_mismatch = 0;
+  m.max_abs = std::nan("");
+  CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0).pass);  // NaN never passes
+  GateRule r = default_rule();
+  const std::string path = "/tmp/qkmla_test_budgets.toml";
+  std::ofstream(path) << "baseline_k = 1.5\n[[budget]]\nimpl = \"audit.*\"\ntensor = \"out\"\nmetric = \"max_abs\"\nmax = 1e-3\nsource = \"test\"\n";
+  apply_budget_file(r, path);
+  m = Metrics{};
+  m.max_abs = 2e-3;
+  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "out"}, m, 1.0).pass);
+  CHECK(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, m, 1.0).pass);
+  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 1.6).pass);  // k = 1.5
+  std::ofstream(path) << "[[budget]]\nmetric = \"max_abs\"\nmax = 1\n";
+  CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("needs a source"), InputError);
+  std::ofstream(path) << "[[budget]]\nmetric = \"max_abz\"\nmax = 1\nsource = \"x\"\n";
+  CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("metric"), InputError);
+  std::ofstream(path) << "baseline_kk = 2\n";
+  CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("baseline_kk: unknown key"), InputError);
+}
+
+TEST_CASE("gate.no_false_alarm_50_seeds") {
+  // Every correct implementation passes over 50 seeds x all scenarios x all profiles x both norms
+  // (tiny, 1600 cases, about a minute on 2 cores).
+  std::string seeds;
+  for (int s = 1; s <= 50; ++s) seeds += (s > 1 ? "," : "") + std::to_string(s + int(test::seed(0)));
+  const std::string text = R"([[entry]]
+name = "no-false-alarm"
+presets = ["tiny"]
+scenarios = ["normal", "outliers", "tiny_keys", "large_logits"]
+profiles = ["fp64", "fp32", "bf16", "fp16"]
+norms = ["blockwise", "unified"]
+seqlens = [0, 17, 40]
+sq = 2
+seeds = [)" + seeds + R"(]
+impls = ["cpu.absorbed", "cpu.absorbed.alpha_q_folded", "cpu.absorbed.q_normed_first", "cpu.absorbed.gamma_merged"]
+)";
+  const GateResults r = run_gate(parse_gate_config_text(text, "no-false-alarm"), 1, 1, 2);
+  int shown = 0;
+  for (const GateCase& g : r.testcases())
+    if (!g.ok && shown++ < 10) FAIL_CHECK(g.classname << " " << g.name << ": " << g.message);
+  CHECK(r.failed() == 0);
+  CHECK(r.passed() > 1600 * 4);
+}
