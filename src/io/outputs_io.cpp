@@ -35,8 +35,9 @@ Tensor parse_npy(const std::vector<unsigned char>& b, const std::string& name) {
   const std::string dims = m[1];
   static const std::regex digits("\\d+");
   for (std::sregex_iterator it(dims.begin(), dims.end(), digits), end; it != end; ++it) {
+    if (it->str().size() > 12) throw InputError(name, "npy", "shape too large");
     t.shape.push_back(std::stoll(it->str()));
-    if (t.shape.back() > (int64_t(1) << 40)) throw InputError(name, "npy", "shape too large");
+    if (t.numel() > (int64_t(1) << 40)) throw InputError(name, "npy", "shape too large");
   }
   int size;
   if (descr == "<f8") t.dtype = DType::F64, size = 8;

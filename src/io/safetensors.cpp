@@ -71,7 +71,7 @@ SafetensorsFile parse_safetensors(const std::vector<unsigned char>& bytes, const
   const unsigned char* data = bytes.data() + 8 + n;
   SafetensorsFile f;
   std::vector<Span> spans;
-  for (const auto& [name, entry] : h.items()) {
+  for (const auto& [name, entry] : h.items()) try {
     if (name == "__metadata__") {
       if (!entry.is_object()) throw InputError(path, "__metadata__", "must be an object of strings");
       for (const auto& [key, value] : entry.items()) {
@@ -82,6 +82,7 @@ SafetensorsFile parse_safetensors(const std::vector<unsigned char>& bytes, const
     }
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
       throw InputError(path, name, "entry needs dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) throw InputError(path, name, "dtype must be a string");
     Tensor t;
     try {
       t.dtype = dtype_from_name(entry["dtype"].get<std::string>());
@@ -111,6 +112,8 @@ SafetensorsFile parse_safetensors(const std::vector<unsigned char>& bytes, const
     for (uint64_t i = 0; i < numel; ++i) t.data[i] = decode(t.dtype, data + begin + i * uint64_t(dtype_size(t.dtype)));
     spans.push_back({name, begin, end});
     f.tensors[name] = std::move(t);
+  } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
+    throw InputError(path, name, std::string("malformed header entry: ") + e.what());
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
