@@ -133,7 +133,8 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
       table += "\n";
     }
     const std::string text = f->format == "json" ? nlohmann::ordered_json{{"how", provenance(command_line, f->threads)}, {"cells", cells}}.dump(1) + "\n"
-                                                 : table + fmt::format("{} cells survived\n", survived);
+                                                 : "Made by " + provenance(command_line, f->threads) + ".\n\n" + table +
+                                                       fmt::format("{} cells survived\n", survived);
     if (const int rc = write_output(text, f->output)) return rc;
     return survived == 0 ? 0 : 1;
   };
