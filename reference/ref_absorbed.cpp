@@ -16,7 +16,12 @@ struct AbsorbedQuery {
   Mp alpha_q;      // A.2
 };
 
-AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps) {
+// E.2 with the eps mutant.
+Mp stat(const Mp& ss, int n, const Mp& eps, const AbsorbedOptions& opt) {
+  return opt.eps_outside_sqrt ? Mp(1 / (sqrt(ss / n) + eps)) : inv_rms(ss, n, eps);
+}
+
+AbsorbedQuery query_core(const Case& k, int b, int i, int h, const Mp& eps, const AbsorbedOptions& opt) {
   const MlaConfig& c = k.cfg;
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
@@ -28,21 +33,28 @@ AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps) 
   const MpVec q = to_mp(&qn.data[size_t(qn.index({b, i, h, 0}))], c.d_c);  // [d_c]
   a.rope = to_mp(&qp.data[size_t(qp.index({b, i, h, 0}))], c.d_r);         // [d_r]
   const int64_t pos = k.pos(b, i);
+  // A.2 first: the normalized-first variant needs alpha_q inside q_latent.
+  Mp aq_early = unified ? Mp(0) : stat(sum_squares(q), c.d_c, eps, opt);
   MpVec w(size_t(c.d_c));  // q (.) gamma_q (.) gamma_k  [d_c]
-  for (int j = 0; j < c.d_c; ++j) w[size_t(j)] = q[size_t(j)] * g_q[j] * g_k[j];
+  for (int j = 0; j < c.d_c; ++j) {
+    const double gkj = opt.no_gamma_k ? 1.0 : g_k[j];
+    w[size_t(j)] = opt.gamma_merged ? q[size_t(j)] : Mp(q[size_t(j)] * g_q[j] * gkj);
+    if (opt.q_normed_first && !unified) w[size_t(j)] = (q[size_t(j)] * g_q[j]) * aq_early * gkj;
+  }
   const int col0 = c.group_of(h) * c.d_c;
   a.q_latent.assign(size_t(c.latent_rank), Mp(0));
   Mp tmp, wkj;
   for (int l = 0; l < c.latent_rank; ++l)
     for (int j = 0; j < c.d_c; ++j) {
       wkj = wk[int64_t(l) * wk.shape[1] + col0 + j];
+      if (opt.gamma_merged) wkj *= Mp(g_q[j]) * g_k[j];  // the merged weight, rounded to P once
       mac(a.q_latent[size_t(l)], w[size_t(j)], wkj, tmp);
     }
   if (!unified) {
-    a.alpha_q = inv_rms(sum_squares(q), c.d_c, eps);
+    a.alpha_q = aq_early;
     if (pos < 0) return a;
     if (!ntr) rotate(a.rope, k, pos);
-    scale_gain(a.rope, 0, c.d_r, k.get("gamma_rq"), 0, inv_rms(sum_squares(a.rope), c.d_r, eps));
+    scale_gain(a.rope, 0, c.d_r, k.get("gamma_rq"), 0, stat(sum_squares(a.rope), c.d_r, eps, opt));
     if (ntr) rotate(a.rope, k, pos);
     return a;
   }
@@ -52,9 +64,18 @@ AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps) 
     return a;
   }
   if (!ntr) rotate(a.rope, k, pos);
-  a.alpha_q = inv_rms(sum_squares(q) + sum_squares(a.rope), c.d_c + c.d_r, eps);  // U.1
+  a.alpha_q = stat(sum_squares(q) + sum_squares(a.rope), c.d_c + c.d_r, eps, opt);  // U.1
   scale_gain(a.rope, 0, c.d_r, k.get("gamma_q"), c.d_c, Mp(1));
   if (ntr) rotate(a.rope, k, pos);
+  return a;
+}
+
+// The folded variant multiplies q_latent by alpha_q (rounded to P) before the latent score; so
+// does normalized-first in unified mode, where alpha_q needs the rotated rope part first.
+AbsorbedQuery absorbed_query(const Case& k, int b, int i, int h, const Mp& eps, const AbsorbedOptions& opt) {
+  AbsorbedQuery a = query_core(k, b, i, h, eps, opt);
+  if (opt.alpha_q_folded || (opt.q_normed_first && k.cfg.norm == NormMode::Unified))
+    for (Mp& x : a.q_latent) x *= a.alpha_q;
   return a;
 }
 
@@ -63,7 +84,26 @@ struct CacheRow {
   MpVec alpha_k;  // A.3: [G]
 };
 
-CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
+// D.5 (Gram form): |c WK_g|^2 = c (WK_g WK_g^T) c^T, with the Gram matrix from exact products
+// rounded to P once, and the quadratic form in P.
+Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) {
+  const Tensor& kv = k.get("kv_c");
+  const int r = k.cfg.latent_rank;
+  const MpVec ct = to_mp(&kv.data[size_t(kv.index({b, t, 0}))], r);
+  Mp acc = 0, mlm, row, tmp;
+  for (int l = 0; l < r; ++l) {
+    row = 0;
+    for (int n = 0; n < r; ++n) {
+      set_expansion(mlm, M.entry(l, n));
+      mac(row, mlm, ct[size_t(n)], tmp);
+    }
+    mac(acc, ct[size_t(l)], row, tmp);
+  }
+  return acc;
+}
+
+CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps, const AbsorbedOptions& opt,
+                   const std::vector<ExactProduct>& gram) {
   const MlaConfig& cfg = k.cfg;
   const Tensor& kpe = k.get("k_pe");
   const bool unified = cfg.norm == NormMode::Unified, ntr = cfg.rope_order == RopeOrder::NormThenRope;
@@ -75,10 +115,10 @@ CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps
     MpVec key(size_t(cfg.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
     for (int j = 0; j < cfg.d_c; ++j)
       set_expansion(key[size_t(j)], d.k0c[size_t(b)].entry(t, g * cfg.d_c + j));
-    row.alpha_k.push_back(unified ? inv_rms(sum_squares(key) + rope_sq, cfg.d_c + cfg.d_r, eps)
-                                  : inv_rms(sum_squares(key), cfg.d_c, eps));
+    const Mp key_sq = opt.gram_alpha_k ? gram_sum_squares(k, gram[size_t(g)], b, t) : sum_squares(key);
+    row.alpha_k.push_back(unified ? stat(key_sq + rope_sq, cfg.d_c + cfg.d_r, eps, opt) : stat(key_sq, cfg.d_c, eps, opt));
   }
-  const Mp rope_inv = unified ? Mp(1) : inv_rms(rope_sq, cfg.d_r, eps);
+  const Mp rope_inv = unified ? Mp(1) : stat(rope_sq, cfg.d_r, eps, opt);
   scale_gain(row.rope, 0, cfg.d_r, k.get(unified ? "gamma_k" : "gamma_rk"), unified ? cfg.d_c : 0,
              rope_inv);
   if (ntr) rotate(row.rope, k, t);
@@ -87,7 +127,7 @@ CacheRow cache_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps
 
 }  // namespace
 
-Outputs ref_absorbed(const Case& k, const Dots& d) {
+Outputs ref_absorbed(const Case& k, const Dots& d, const AbsorbedOptions& opt) {
   const auto start = std::chrono::steady_clock::now();
   const MlaConfig& c = k.cfg;
   const Mp eps = c.eps, scale = c.softmax_scale;
@@ -96,12 +136,23 @@ Outputs ref_absorbed(const Case& k, const Dots& d) {
   Outputs o;
   o.impl = "ref.absorbed";
   init_outputs(o, k, {"out", "lse", "alpha_q", "alpha_k", "latent_out", "q_latent"});
+  std::vector<ExactProduct> gram;  // WK_g WK_g^T exactly, per group (Gram variant only)
+  if (opt.gram_alpha_k) {
+    const Tensor& wk = k.get("w_uk");
+    const int r = c.latent_rank, dc = c.d_c;
+    for (int g = 0; g < c.groups; ++g) {
+      std::vector<double> wkt(static_cast<size_t>(dc * r));  // WK_g^T [d_c, r]
+      for (int l = 0; l < r; ++l)
+        for (int j = 0; j < dc; ++j) wkt[size_t(j * r + l)] = wk[int64_t(l) * c.groups * dc + g * dc + j];
+      gram.push_back(exact_matmul(&wk.data[size_t(g * dc)], c.groups * dc, r, dc, wkt.data(), r, r));
+    }
+  }
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
     std::vector<AbsorbedQuery> rows;  // [S_q * H]
     for (int i = 0; i < c.s_q; ++i)
       for (int h = 0; h < c.heads; ++h) {
-        rows.push_back(absorbed_query(k, b, i, h, eps));
+        rows.push_back(absorbed_query(k, b, i, h, eps, opt));
         const int64_t flat = o.tensors["alpha_q"].index({b, i, h});
         store(o, "alpha_q", flat, rows.back().alpha_q);
         for (int l = 0; l < c.latent_rank; ++l)
@@ -119,17 +170,19 @@ Outputs ref_absorbed(const Case& k, const Dots& d) {
     std::vector<MpVec> probs(rows.size(), MpVec(size_t(T), Mp(0)));  // [rows][T], 0 if masked
     std::vector<MpVec> logits(rows.size());
     for (int64_t t = 0; t < T; ++t) {
-      const CacheRow cr = cache_row(k, d, b, t, eps);
+      const CacheRow cr = cache_row(k, d, b, t, eps, opt, gram);
       for (int g = 0; g < c.groups; ++g)
         store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), cr.alpha_k[size_t(g)]);
       for (size_t row = 0; row < rows.size(); ++row) {
         const int i = int(row) / c.heads, h = int(row) % c.heads;
         if (!k.causal_visible(b, i, t)) continue;
         const AbsorbedQuery& q = rows[row];
-        const Mp ak = q.alpha_q * cr.alpha_k[size_t(c.group_of(h))];
+        const bool carries = opt.alpha_q_folded || opt.q_normed_first;  // q_latent holds alpha_q already
+        const Mp ak = carries ? cr.alpha_k[size_t(c.group_of(h))] : Mp(q.alpha_q * cr.alpha_k[size_t(c.group_of(h))]);
         const Mp& lat = latent[row][size_t(t)];
         const Mp rope = dot(q.rope, cr.rope);
-        logits[row].push_back(unified ? Mp(scale * ak * (lat + rope)) : Mp(scale * (ak * lat + rope)));
+        const Mp rope_scaled = carries && unified ? Mp(rope * q.alpha_q) : rope;
+        logits[row].push_back(unified ? Mp(scale * ak * (lat + rope_scaled)) : Mp(scale * (ak * lat + rope_scaled)));
       }
     }
     for (size_t row = 0; row < rows.size(); ++row) {

@@ -59,8 +59,26 @@ void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> 
   }
 }
 
+namespace {
+bool deep_capture = false;
+}
+
+void set_deep_capture(bool on) { deep_capture = on; }
+
 void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x) {
-  split_double(x, o.tensors[name][flat], o.lo[name][flat]);
+  if (!deep_capture) {
+    split_double(x, o.tensors[name][flat], o.lo[name][flat]);
+    return;
+  }
+  const int parts = parts_for(int(mpfr_get_prec(x.backend().data())));
+  std::vector<double> p(static_cast<size_t>(parts), 0.0);
+  if (mpfr_number_p(x.backend().data())) to_parts(x, p.data(), parts);
+  else p[0] = x.convert_to<double>();
+  o.tensors[name][flat] = p[0];
+  o.lo[name][flat] = parts > 1 ? p[1] : 0.0;
+  std::vector<Tensor>& deep = o.deep[name];
+  while (int(deep.size()) < parts - 2) deep.push_back(Tensor(DType::F64, o.tensors[name].shape, 0.0));
+  for (int i = 2; i < parts; ++i) deep[size_t(i - 2)][flat] = p[size_t(i)];
 }
 
 }  // namespace qkmla::ref

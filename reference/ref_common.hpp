@@ -28,5 +28,7 @@ void softmax(const MpVec& logits, Mp& lse, MpVec& p);
 // Allocates the named outputs (hi and lo) with NaN fill for alpha_k, 0 otherwise.
 void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names);
 void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x);
+// While set (one thread: convergence studies), store() keeps every exact remainder in o.deep.
+void set_deep_capture(bool on);
 
 }  // namespace qkmla::ref

@@ -1,6 +1,7 @@
 // cli.*: the qkmla binary end to end: output, JSON shape, exit codes on bad flags.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
@@ -101,7 +102,8 @@ void spit(const std::string& p, const std::vector<unsigned char>& b) {
 
 // A golden case and a copy of its reference as "outputs" (which must pass).
 struct Golden {
-  std::string dir = "/tmp/qkmla_cli_golden";
+  // One folder per process: ctest runs the test cases in parallel processes.
+  std::string dir = "/tmp/qkmla_cli_golden_" + std::to_string(getpid());
   std::string gcase = dir + "/case.safetensors", outs = dir + "/outs.safetensors";
   Golden() {
     std::filesystem::create_directories(dir);
@@ -228,7 +230,7 @@ TEST_CASE("cli.malformed_inputs_exit_2") {
 }
 
 TEST_CASE("cli.gate.junit_validates_and_shards_merge") {
-  const std::string dir = "/tmp/qkmla_cli_gate";
+  const std::string dir = "/tmp/qkmla_cli_gate_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/g.toml") << "[[entry]]\npresets = [\"tiny\"]\nprofiles = [\"bf16\", \"fp64\"]\nseqlens = [5, 12]\nsq = 2\n"
                                     "impls = [\"cpu.absorbed\", \"cpu.absorbed.gamma_merged\"]\n[[entry]]\nname = \"m\"\npresets = [\"tiny\"]\nscenarios = [\"normal\", \"tiny_keys\"]\nprofiles = [\"fp64\", \"fp32\"]\n"

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <unistd.h>
 
 #include "gate/run_gate.hpp"
 #include "helpers.hpp"
@@ -57,7 +58,7 @@ impls = ["cpu.absorbed", "mutant.no_eps", "mutant.lse_base2"]
   CHECK(xml.find("tests=\"" + std::to_string(whole.testcases().size()) + "\"") != std::string::npos);
   CHECK(xml.find("failures=\"" + std::to_string(whole.failed()) + "\"") != std::string::npos);
   // JSON round trip used by --merge
-  const std::string path = "/tmp/qkmla_test_gate_results.json";
+  const std::string path = "/tmp/qkmla_test_gate_results_" + std::to_string(getpid()) + ".json";
   std::ofstream(path) << results_json(whole);
   const GateResults back = results_from_json(path);
   CHECK(back.cases.size() == whole.cases.size());
@@ -80,7 +81,7 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   m.max_abs = std::nan("");
   CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0).pass);  // NaN never passes
   GateRule r = default_rule();
-  const std::string path = "/tmp/qkmla_test_budgets.toml";
+  const std::string path = "/tmp/qkmla_test_budgets_" + std::to_string(getpid()) + ".toml";
   std::ofstream(path) << "baseline_k = 1.5\n[[budget]]\nimpl = \"audit.*\"\ntensor = \"out\"\nmetric = \"max_abs\"\nmax = 1e-3\nsource = \"test\"\n";
   apply_budget_file(r, path);
   m = Metrics{};

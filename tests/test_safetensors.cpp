@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 
 #include "helpers.hpp"
@@ -16,7 +17,7 @@ using namespace qkmla;
 namespace {
 
 std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("qkmla_test_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("qkmla_test_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes, uint64_t len_override = 0) {

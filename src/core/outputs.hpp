@@ -14,6 +14,9 @@ struct Outputs {
   // Multiprecision results only: the remainder x - double(x) of each value, so that two
   // reference runs can be compared to ~106 bits.
   std::map<std::string, Tensor> lo;
+  // Only when asked (convergence studies): every further exact remainder, so that a value of any
+  // precision is the exact sum tensors + lo + deep[0] + deep[1] + ...
+  std::map<std::string, std::vector<Tensor>> deep;
   double seconds = 0.0;
 };
 
