@@ -258,3 +258,35 @@ TEST_CASE("cli.gate.junit_validates_and_shards_merge") {
   CHECK(run("gate --shard 3/2").code == 2);
   CHECK(run("gate --merge " + dir + "/g.toml").code == 2);
 }
+
+TEST_CASE("cli.converge.slopes") {
+  const Run r = run("converge --format json");
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["reference_bits"].get<int>() >= 4 * 256);
+  int equivalent = 0, mutants = 0;
+  for (const auto& s : j["series"]) {
+    const std::string impl = s["impl"];
+    CAPTURE(impl);
+    REQUIRE(s["points"].size() == 8);
+    if (impl.rfind("mutant.", 0) == 0) {
+      CHECK(s["tail_slope"].get<double>() > -0.1);  // plateau: not equivalent
+      CHECK(s["points"][7][1].get<double>() > 1e-3);
+      ++mutants;
+    } else {
+      CHECK(s["slope"].get<double>() >= -1.1);
+      CHECK(s["slope"].get<double>() <= -0.9);
+      ++equivalent;
+    }
+  }
+  CHECK(equivalent == 6);
+  CHECK(mutants == 2);
+}
+
+TEST_CASE("cli.certify.exit_codes") {
+  CHECK(run("certify --preset tiny --seqlens 0,17,40 --sq 2 --norm unified").code == 0);
+  const Run r = run("certify --preset tiny --seqlens 0,17,40 --sq 2 --mutant group_map_mod");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("refuted exactly: content score differs at") != std::string::npos);
+  CHECK(run("certify --preset tiny --mutant nope").code == 2);
+}
