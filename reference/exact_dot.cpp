@@ -12,7 +12,7 @@ namespace qkmla::ref {
 
 namespace {
 
-constexpr int kBlock = 16;  // columns per vectorized block: L*4 accumulators stay in registers
+constexpr int kBlock = 8;  // columns per vectorized block: the L*2 accumulators stay in registers
 
 // X.1: Veltkamp split x = hi + lo with hi, lo of at most 26 significant bits each, so that every
 // product of two parts is exact in double.
@@ -40,6 +40,7 @@ void check_range(const double* p, int64_t count, int64_t stride, int64_t width, 
 struct Expanded {
   bool two_prod = false;  // products need their fma error term to be exact
   int64_t n2 = 0;
+  int64_t kp = 0;  // columns of b, padded with zeros to whole blocks (no ragged inner loop)
   std::vector<double> a, b;
 };
 
@@ -59,7 +60,8 @@ Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double
   e.two_prod = !all_narrow && parts == 1;
   e.n2 = n * parts * parts;
   e.a.resize(size_t(m * e.n2));
-  e.b.resize(size_t(e.n2 * k));
+  e.kp = (k + kBlock - 1) / kBlock * kBlock;
+  e.b.assign(size_t(e.n2 * e.kp), 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t l = 0; l < n; ++l) {
       double h = A[i * lda + l], lo = 0;
@@ -73,7 +75,7 @@ Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double
       double h = B[l * ldb + j], lo = 0;
       if (parts == 2) split(B[l * ldb + j], h, lo);
       for (int x = 0; x < parts * parts; ++x)
-        e.b[size_t((l * parts * parts + x) * k + j)] = (parts == 1 || x % 2 == 0) ? h : lo;
+        e.b[size_t((l * parts * parts + x) * e.kp + j)] = (parts == 1 || x % 2 == 0) ? h : lo;
     }
   return e;
 }
@@ -142,10 +144,10 @@ int min_trailing_exponent(const std::vector<double>& v) {
 // summed plainly. With L from levels_needed() that last sum is exact (X.2): every residual is a
 // multiple of 2^e_low and every partial sum is below sigma_L <= 2^(e_low + 52).
 template <int L, bool kTwoProd>
-void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64_t j0,
+void block_kernel(const double* a, int64_t n2, const double* b, int64_t ldb, int64_t k, int64_t j0,
                   const double* colmax, double rowmax, int M, double shrink, double* terms) {
   const int jb = int(std::min<int64_t>(kBlock, k - j0));
-  alignas(32) double sig[L][kBlock] = {}, bbuf[kBlock] = {};
+  alignas(32) double sig[L][kBlock] = {};
   for (int j = 0; j < jb; ++j) {
     sig[0][j] = top_sigma(rowmax * colmax[j0 + j], M);
     for (int lv = 1; lv < L; ++lv) sig[lv][j] = sig[lv - 1][j] * shrink;
@@ -157,11 +159,7 @@ void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64
       t[lv][v] = v4d{0, 0, 0, 0};
     }
   for (int64_t l = 0; l < n2; ++l) {
-    const double* src = b + l * k + j0;
-    if (jb < kBlock) {  // ragged last block: zero-padded copy (zero products extract to zero)
-      std::memcpy(bbuf, src, size_t(jb) * sizeof(double));
-      src = bbuf;
-    }
+    const double* src = b + l * ldb + j0;  // zero-padded past column k: zero products
     const v4d al = v4d{a[l], a[l], a[l], a[l]};
     for (int v = 0; v < kBlockVecs; ++v) {
       v4d bv;
@@ -193,13 +191,13 @@ void block_kernel(const double* a, int64_t n2, const double* b, int64_t k, int64
 }
 
 template <bool kTwoProd>
-void dispatch(int L, const double* a, int64_t n2, const double* b, int64_t k, int64_t j0,
+void dispatch(int L, const double* a, int64_t n2, const double* b, int64_t ldb, int64_t k, int64_t j0,
               const double* colmax, double rowmax, int M, double shrink, double* terms) {
   switch (L) {
-    case 1: block_kernel<1, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
-    case 2: block_kernel<2, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
-    case 3: block_kernel<3, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
-    default: block_kernel<4, kTwoProd>(a, n2, b, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 1: block_kernel<1, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 2: block_kernel<2, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 3: block_kernel<3, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
+    default: block_kernel<4, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
   }
 }
 
@@ -226,10 +224,10 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   int M = 1;
   while ((int64_t(1) << M) <= summands) ++M;
   const double shrink = std::ldexp(1.0, M - 53);  // sigma_{k+1} = 2^M eps sigma_k
-  std::vector<double> colmax(size_t(k), 0.0), rowmax(size_t(m), 0.0);
+  std::vector<double> colmax(size_t(e.kp), 0.0), rowmax(size_t(m), 0.0);
   for (int64_t l = 0; l < e.n2; ++l)
     for (int64_t j = 0; j < k; ++j)
-      colmax[size_t(j)] = std::max(colmax[size_t(j)], std::fabs(e.b[size_t(l * k + j)]));
+      colmax[size_t(j)] = std::max(colmax[size_t(j)], std::fabs(e.b[size_t(l * e.kp + j)]));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t l = 0; l < e.n2; ++l)
       rowmax[size_t(i)] = std::max(rowmax[size_t(i)], std::fabs(e.a[size_t(i * e.n2 + l)]));
@@ -256,8 +254,8 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
         double* terms = &out.terms_[size_t(i * k * ExactProduct::kLevels)];
         const double rm = rowmax[size_t(i)];
         const double* b = e.b.data();
-        if (e.two_prod) dispatch<true>(levels[size_t(i)], a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms);
-        else dispatch<false>(levels[size_t(i)], a, e.n2, b, k, j0, colmax.data(), rm, M, shrink, terms);
+        if (e.two_prod) dispatch<true>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink, terms);
+        else dispatch<false>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink, terms);
       }
   };
   for (int64_t i = 0; i < m; ++i) {  // extreme exponent spread: scalar extraction, entry by entry
@@ -265,7 +263,7 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
     for (int64_t j = 0; j < k; ++j) {
         std::vector<double> p;
         for (int64_t l = 0; l < e.n2; ++l) {
-          const double x = e.a[size_t(i * e.n2 + l)], y = e.b[size_t(l * k + j)];
+          const double x = e.a[size_t(i * e.n2 + l)], y = e.b[size_t(l * e.kp + j)];
           p.push_back(x * y);
           if (e.two_prod) p.push_back(std::fma(x, y, -p.back()));
         }
