@@ -6,6 +6,9 @@
 
 #include "impl/cpu_impls.hpp"
 #include <algorithm>
+#include <type_traits>
+
+#include "bounds/error_bound.hpp"
 
 #include "impl/kernel_level.hpp"
 #include "impl/mutants.hpp"
@@ -43,8 +46,9 @@ struct Flavor {
 // E.2 with the eps mutants: 1/sqrt(ss/n + eps) (correct), 1/(sqrt(ss/n) + eps), 1/sqrt(ss/n).
 template <class Acc>
 Acc stat(Acc ss, int n, Acc eps, const Flavor& f) {
-  if (f.is(Mutant::EpsOutsideSqrt)) return Acc(1) / (std::sqrt(ss / Acc(n)) + eps);
-  if (f.is(Mutant::NoEps)) return Acc(1) / std::sqrt(ss / Acc(n));
+  using std::sqrt;
+  if (f.is(Mutant::EpsOutsideSqrt)) return Acc(1) / (sqrt(ss / Acc(n)) + eps);
+  if (f.is(Mutant::NoEps)) return Acc(1) / sqrt(ss / Acc(n));
   return inv_rms_from(ss, n, eps);
 }
 
@@ -208,7 +212,9 @@ std::vector<Outputs> run(const Case& k, const std::vector<Flavor>& flavors) {
     const Tensor& w = k.get("w_uk");
     for (int64_t n = 0; n < w.numel(); ++n) {
       const int64_t j = n % (G * dc) % dc;
-      wk_merged[size_t(n)] = Acc(round_to(D, w[n] * gq[j] * gk[j]));
+      const double merged = round_to(D, w[n] * gq[j] * gk[j]);  // offline, in double, rounded once
+      if constexpr (std::is_floating_point_v<Acc>) wk_merged[size_t(n)] = Acc(merged);
+      else wk_merged[size_t(n)] = Acc::rounded_from((long double)w[n] * gq[j] * gk[j], merged);
     }
   }
   std::vector<Outputs> outs;
@@ -240,7 +246,7 @@ std::vector<Outputs> run(const Case& k, const std::vector<Flavor>& flavors) {
       if (f.v == Variant::AlphaKBf16) for (Acc& a : alpha_k) a = store(DType::BF16, a);
       for (int64_t t = 0; t < T; ++t)
         for (int g = 0; g < G; ++g) o.tensors["alpha_k"].at({b, t, g}) = double(alpha_k[size_t(t * G + g)]);
-      const Acc scale = f.is(Mutant::ScaleDcOnly) ? Acc(1) / std::sqrt(Acc(dc)) : Acc(cf.softmax_scale);
+      const Acc scale = f.is(Mutant::ScaleDcOnly) ? Acc(1.0 / std::sqrt(double(dc))) : Acc(cf.softmax_scale);
       for (int i = 0; i < S; ++i)
         for (int h = 0; h < H; ++h) {
           const LatentQuery<Acc> q = query(k, b, i, h, f, wk, wk_merged, eps);
@@ -286,6 +292,15 @@ std::vector<Variant> variants_for(Profile p) {
   for (Variant x : all_variants())  // a bf16 alpha_k is an option of the bf16-stored profiles only
     if (x != Variant::AlphaKBf16 || p == Profile::BF16 || p == Profile::FP8) v.push_back(x);
   return v;
+}
+
+std::vector<Outputs> cpu_absorbed_bounds(const Case& k) {
+  bounds::units() = bounds::make_units(accumulate_dtype(k.cfg.profile));
+  std::vector<Flavor> f;
+  for (Variant v : variants_for(k.cfg.profile)) f.push_back({v, Mutant::None});
+  std::vector<Outputs> out = run<bounds::EB>(k, f);
+  for (Outputs& o : out) o.impl = "bound." + o.impl;
+  return out;
 }
 
 std::vector<Outputs> cpu_absorbed_all(const Case& k) {

@@ -3,6 +3,7 @@
 // softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q, alpha_k kept in Acc.
 #include <chrono>
 
+#include "bounds/error_bound.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/norm_stage.hpp"
 
@@ -148,6 +149,13 @@ Outputs run(const Case& k) {
 }
 
 }  // namespace
+
+Outputs cpu_explicit_bounds(const Case& k) {
+  bounds::units() = bounds::make_units(accumulate_dtype(k.cfg.profile));
+  Outputs o = run<bounds::EB>(k);
+  o.impl = "bound." + o.impl;
+  return o;
+}
 
 Outputs cpu_explicit(const Case& k) {
   const auto start = std::chrono::steady_clock::now();

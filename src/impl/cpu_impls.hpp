@@ -29,6 +29,11 @@ Outputs cpu_explicit(const Case& k);
 Outputs cpu_absorbed(const Case& k, Variant v);
 // All variants of the case's profile at once: the cache (alpha_k, rope keys) is built once and shared.
 std::vector<Outputs> cpu_absorbed_all(const Case& k);
+// Forward error bounds (proofs/error_bounds.md): the same implementations run on the error-bound
+// type; every output tensor holds, per element, a bound on |computed - exact|.
+Outputs cpu_explicit_bounds(const Case& k);
+std::vector<Outputs> cpu_absorbed_bounds(const Case& k);
+
 // mutant.<name>.<profile>: the default absorbed implementation with one bug (SPEC §7).
 Outputs cpu_mutant(const Case& k, Mutant m);
 

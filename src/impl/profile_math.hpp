@@ -38,7 +38,8 @@ Acc dot(const Acc* a, const Acc* b, int n) {
 // 1 / sqrt(sum_sq / n + eps), all in Acc (E.2).
 template <class Acc>
 Acc inv_rms_from(Acc sum_sq, int n, Acc eps) {
-  return Acc(1) / std::sqrt(sum_sq / Acc(n) + eps);
+  using std::sqrt;  // unqualified: the error-bound type brings its own (bounds/error_bound.hpp)
+  return Acc(1) / sqrt(sum_sq / Acc(n) + eps);
 }
 
 // y_j = (z_j * gamma_j) * inv (E.3), in Acc.

@@ -1,0 +1,84 @@
+// Forward error analysis by operation (proofs/error_bounds.md, steps B.1-B.9): an arithmetic
+// type that carries, for each value an implementation computes, the exact value it stands for
+// (v) and a bound on the difference (e). Running a CPU profile implementation on this type (the
+// same template code, the same operation order) yields its error bound, element by element.
+#pragma once
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/dtype.hpp"
+
+namespace qkmla::bounds {
+
+// Unit roundoffs of the arithmetic being bounded: u of the accumulate type, u_f of the library's
+// exp/log (assumption F: within 1 ulp, so 2u), set before a run (one thread).
+struct Units {
+  long double u = 0, u_f = 0;
+  long double eta = 0;  // half the smallest subnormal of the accumulate type (underflow, B.2)
+};
+Units& units();
+Units make_units(DType accumulate);  // u, u_f = 2u, eta of that format
+
+struct EB {
+  long double v = 0;  // the exact value this quantity approximates
+  long double e = 0;  // |computed - v| <= e
+  EB() = default;
+  EB(double x) : v(x), e(0) {}  // stored inputs and constants are exact
+  EB(long double value, long double err) : v(value), e(err) {}
+  // A run's outputs are written through double(x): what comes out is the bound.
+  explicit operator double() const { return double(e); }
+  static EB rounded_from(long double exact, double rounded) { return {exact, std::fabs((long double)rounded - exact)}; }
+};
+
+// Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
+// rounding never makes them smaller than the true bound (B.0).
+inline long double up(long double x) { return x * (1.0L + 0x1p-60L); }
+
+// B.1 addition and subtraction: |fl(x^ +- y^) - (x +- y)| <= ex + ey + u(|x +- y| + ex + ey).
+inline EB operator+(const EB& a, const EB& b) {
+  const long double v = a.v + b.v, s = a.e + b.e;
+  return {v, up(s + units().u * (std::fabs(v) + s))};
+}
+inline EB operator-(const EB& a) { return {-a.v, a.e}; }
+inline EB operator-(const EB& a, const EB& b) { return a + (-b); }
+// B.2 multiplication: |x^y^ - xy| <= |x|ey + |y|ex + ex ey, then one rounding.
+inline EB operator*(const EB& a, const EB& b) {
+  const long double v = a.v * b.v;
+  const long double d = std::fabs(a.v) * b.e + std::fabs(b.v) * a.e + a.e * b.e;
+  return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
+}
+// B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one rounding.
+inline EB operator/(const EB& a, const EB& b) {
+  const long double v = a.v / b.v;
+  const long double den = std::fabs(b.v) - b.e;
+  const long double d = den > 0 ? (a.e + std::fabs(v) * b.e) / den : std::numeric_limits<long double>::infinity();
+  return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
+}
+inline EB& operator+=(EB& a, const EB& b) { return a = a + b; }
+inline EB& operator-=(EB& a, const EB& b) { return a = a - b; }
+inline EB& operator*=(EB& a, const EB& b) { return a = a * b; }
+inline EB& operator/=(EB& a, const EB& b) { return a = a / b; }
+// B.4 square root (correctly rounded): |sqrt(x^) - sqrt(x)| <= ex / (sqrt(x) + sqrt(max(x - ex, 0))).
+inline EB sqrt(const EB& a) {
+  const long double v = std::sqrt(a.v);
+  const long double den = v + std::sqrt(std::max(a.v - a.e, 0.0L));
+  const long double d = den > 0 ? a.e / den : std::sqrt(a.e);
+  return {v, up(d + units().u * (v + d))};
+}
+
+// B.7 rounding to the stored dtype D: one more relative u_D of the computed value, or half the
+// smallest subnormal of D in its subnormal range.
+EB store(DType d, const EB& x);
+// B.8 softmax over one row (shift-invariant analysis; replaces the generic code for EB).
+EB softmax(std::vector<EB>& logits_to_p);
+
+}  // namespace qkmla::bounds
+
+namespace std {
+template <>
+struct numeric_limits<qkmla::bounds::EB> {
+  static qkmla::bounds::EB quiet_NaN() { return {std::numeric_limits<long double>::quiet_NaN(), 0}; }
+  static qkmla::bounds::EB infinity() { return {std::numeric_limits<long double>::infinity(), 0}; }
+};
+}  // namespace std

@@ -1,0 +1,80 @@
+// bounds.*: the forward error bounds (proofs/error_bounds.md), evaluated on each case, contain the
+// observed error of every cpu.* implementation in every profile, element by element.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "helpers.hpp"
+#include "impl/cpu_impls.hpp"
+#include "metrics/compare.hpp"
+#include "mp.hpp"
+#include "reference.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+struct Tightness {
+  double worst = 0;  // max observed / bound
+  int64_t checked = 0;
+};
+
+// |x - truth| <= bound + 2^-100 |truth| (the reference's own error: it agrees with its 2P run on
+// more than 100 bits, reference.* tests and reports/).
+void check_within(const Tensor& x, const Tensor& truth, const Tensor& bound, const std::vector<bool>& mask,
+                  const std::string& what, Tightness& t) {
+  int shown = 0;
+  for (int64_t i = 0; i < truth.numel(); ++i) {
+    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(truth[i])) continue;
+    const double err = std::fabs(x[i] - truth[i]);
+    const double lim = bound[i] + std::ldexp(std::fabs(truth[i]), -100);
+    ++t.checked;
+    if (lim > 0) t.worst = std::max(t.worst, err / lim);
+    if (!(err <= lim) && shown++ < 3) FAIL_CHECK(what << " at " << shape_str(truth.unravel(i)) << ": error " << err << " > bound " << lim);
+  }
+}
+
+void check_case(const MlaConfig& cfg, Tightness& t) {
+  CAPTURE(config_to_json(cfg));
+  const Case k = generate_case(cfg);
+  const ref::Dots d = ref::exact_dots(k);
+  Outputs ex, ab;
+  {
+    ref::PrecisionScope scope(113);
+    ex = ref::ref_explicit(k, d, false);
+    ab = ref::ref_absorbed(k, d);
+  }
+  std::vector<std::pair<Outputs, Outputs>> runs;  // (implementation, its bound)
+  runs.emplace_back(impl::cpu_explicit(k), impl::cpu_explicit_bounds(k));
+  std::vector<Outputs> impls = impl::cpu_absorbed_all(k), bounds = impl::cpu_absorbed_bounds(k);
+  REQUIRE(impls.size() == bounds.size());
+  for (size_t i = 0; i < impls.size(); ++i) runs.emplace_back(std::move(impls[i]), std::move(bounds[i]));
+  for (const auto& [o, b] : runs) {
+    REQUIRE(b.impl == "bound." + o.impl);
+    for (const char* name : {"out", "lse", "alpha_k", "latent_out"}) {
+      if (!o.tensors.count(name)) continue;
+      const Outputs& truth = std::string(name) == "latent_out" ? ab : ex;
+      check_within(o.tensors.at(name), truth.tensors.at(name), b.tensors.at(name), valid_mask(k, name), o.impl + " " + name, t);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bounds.observed_errors_within_proven_bounds") {
+  Tightness t;
+  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16})
+    for (const std::string& sc : scenario_names())
+      for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
+        MlaConfig c = test::tiny_config(p, {0, 17, 40}, 2, norm, test::seed(81));
+        c.scenario = sc;
+        check_case(c, t);
+      }
+  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16}) {
+    MlaConfig c = test::tiny_config(p, {48}, 2, NormMode::Blockwise, test::seed(82), "paper-g8");
+    check_case(c, t);
+  }
+  MESSAGE("checked " << t.checked << " elements; largest observed/bound " << t.worst);
+  CHECK(t.checked > 100000);
+  CHECK(t.worst <= 1.0);
+}
