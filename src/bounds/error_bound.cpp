@@ -11,7 +11,7 @@ Units make_units(DType acc) {
 }
 
 Units& units() {
-  static Units u;
+  thread_local Units u;  // per thread: the gate bounds several profiles side by side
   return u;
 }
 

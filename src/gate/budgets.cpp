@@ -36,7 +36,14 @@ double metric_value(const Metrics& m, const std::string& name, double baseline_r
   if (name == "rel_l2") return m.rel_l2;
   if (name == "cos_diff") return m.cos_diff;
   if (name == "baseline_ratio") return baseline_ratio;
+  if (name == "bound_ratio") return m.bound_ratio;
   return std::nan("");
+}
+
+bool known_metric(const std::string& name) {
+  for (const char* n : {"max_abs", "max_ulp", "rel_l2", "cos_diff", "baseline_ratio", "bound_ratio"})
+    if (name == n) return true;
+  return false;
 }
 
 }  // namespace
@@ -90,8 +97,8 @@ void apply_budget_text(GateRule& rule, const std::string& text, const std::strin
     bud.metric = (*b)["metric"].value_or(std::string(""));
     const auto max = (*b)["max"].value<double>();
     bud.source = (*b)["source"].value_or(std::string(""));
-    if (std::isnan(metric_value(Metrics{}, bud.metric, 0)))
-      throw InputError(path, where + ".metric", "must be max_abs, max_ulp, rel_l2, cos_diff or baseline_ratio");
+    if (!known_metric(bud.metric))
+      throw InputError(path, where + ".metric", "must be max_abs, max_ulp, rel_l2, cos_diff, baseline_ratio or bound_ratio");
     if (!max || !(*max >= 0)) throw InputError(path, where + ".max", "must be a number >= 0");
     if (bud.source.empty()) throw InputError(path, where + ".source", "every budget needs a source (a proof step or a measured baseline)");
     bud.max = *max;
@@ -132,6 +139,7 @@ Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double b
   if (!std::isnan(baseline_ratio) && !(baseline_ratio <= k))
     fail("baseline_ratio", fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, k_source));
   for (const Budget* b : matching) {
+    if (b->metric == "bound_ratio" && std::isnan(m.bound_ratio)) continue;  // no bound for this implementation
     const double x = metric_value(m, b->metric, baseline_ratio);
     if (!(x <= b->max)) fail(b->metric, fmt::format("{}={:.3g}>{:.3g} ({})", b->metric, x, b->max, b->source));
   }

@@ -47,8 +47,24 @@ std::vector<Outputs> run_impls(const Case& k, const std::vector<std::string>& pa
   return out;
 }
 
+std::map<std::string, Outputs> bounds_for(const Case& k, const std::vector<Outputs>& impls) {
+  bool explicit_wanted = false, absorbed_wanted = false;
+  for (const Outputs& o : impls) {
+    explicit_wanted |= o.impl.rfind("cpu.explicit.", 0) == 0;
+    absorbed_wanted |= o.impl.rfind("cpu.absorbed.", 0) == 0;
+  }
+  std::map<std::string, Outputs> out;
+  if (explicit_wanted) {
+    Outputs b = impl::cpu_explicit_bounds(k);
+    out[b.impl.substr(6)] = std::move(b);
+  }
+  if (absorbed_wanted)
+    for (Outputs& b : impl::cpu_absorbed_bounds(k)) out[b.impl.substr(6)] = std::move(b);
+  return out;
+}
+
 std::vector<Judged> judge_outputs(const GateRule& rule, const Evaluated& e, const Outputs& o,
-                                  const std::vector<std::string>& tensors) {
+                                  const std::vector<std::string>& tensors, const Outputs* bound) {
   const Profile p = e.k.cfg.profile;
   const double floor = unit_roundoff(stored_dtype(p)) / 16;
   std::vector<Judged> out;
@@ -59,6 +75,8 @@ std::vector<Judged> judge_outputs(const GateRule& rule, const Evaluated& e, cons
     const Tensor& x = o.tensors.at(t);
     j.m = compare(x, e.truth.tensors.at(t), x.dtype, valid_mask(e.k, t), nullptr, &e.truth.lo.at(t));
     j.baseline_ratio = e.baseline.count(t) ? j.m.rel_l2 / std::max(e.baseline.at(t), floor) : std::nan("");
+    if (bound && bound->tensors.count(t))
+      j.m.bound_ratio = bound_ratio(x, e.truth.tensors.at(t), bound->tensors.at(t), valid_mask(e.k, t));
     j.v = judge(rule, {o.impl, e.k.cfg.preset, e.k.cfg.scenario, to_string(p), t}, j.m, j.baseline_ratio);
     out.push_back(std::move(j));
   }

@@ -37,8 +37,11 @@ struct Judged {
   double baseline_ratio = 0;
   Verdict v;
 };
+// `bound`: the implementation's forward error bounds (cpu.* only), or null.
 std::vector<Judged> judge_outputs(const GateRule& rule, const Evaluated& e, const Outputs& o,
-                                  const std::vector<std::string>& tensors);
+                                  const std::vector<std::string>& tensors, const Outputs* bound = nullptr);
+// Forward error bounds of every cpu.* implementation in `impls`, by implementation id.
+std::map<std::string, Outputs> bounds_for(const Case& k, const std::vector<Outputs>& impls);
 
 // Reference at P bits and its 2P check for many cases, in two precision phases (Boost keeps one
 // global default precision), `threads` cases at a time.

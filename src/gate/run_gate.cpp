@@ -60,7 +60,7 @@ namespace {
 
 // Testcases of one evaluated job.
 std::vector<GateCase> judge_job(const GateConfig& c, const GateJob& job, const Evaluated& e,
-                                const std::vector<Outputs>& impls, double seconds) {
+                                const std::vector<Outputs>& impls, const std::map<std::string, Outputs>& bounds, double seconds) {
   const GateEntry& entry = c.entries[job.entry];
   const std::string profile = to_string(job.cfg.profile);
   std::vector<GateCase> out;
@@ -76,7 +76,8 @@ std::vector<GateCase> judge_job(const GateConfig& c, const GateJob& job, const E
     bool wanted = false;
     for (const std::string& p : entry.impls) wanted |= id_matches(with_profile(p, job.cfg.profile), o.impl) || id_matches(p, o.impl);
     if (!wanted) continue;
-    const std::vector<Judged> judged = judge_outputs(c.rule, e, o, c.tensors);
+    const auto b = bounds.find(o.impl);
+    const std::vector<Judged> judged = judge_outputs(c.rule, e, o, c.tensors, b == bounds.end() ? nullptr : &b->second);
     if (is_mutant) {  // one testcase per mutant: ok when the gate kills it
       GateCase g{entry.name, o.impl, job.label, o.impl.substr(7, o.impl.rfind('.') - 7), profile, job.cfg.scenario,
                  entry.expect_pass, false, "", "", o.seconds};
@@ -99,7 +100,8 @@ std::vector<GateCase> judge_job(const GateConfig& c, const GateJob& job, const E
       g.ok = entry.expect_pass ? j.v.pass : !j.v.pass;
       g.metric = j.v.first_metric;
       for (const std::string& f : j.v.failed) g.message += (g.message.empty() ? "" : "; ") + f;
-      if (g.message.empty()) g.message = fmt::format("rel_l2={:.3g} baseline_ratio={:.3g}", j.m.rel_l2, j.baseline_ratio);
+      if (g.message.empty())
+        g.message = fmt::format("rel_l2={:.3g} baseline_ratio={:.3g} bound_ratio={:.3g}", j.m.rel_l2, j.baseline_ratio, j.m.bound_ratio);
       out.push_back(g);
     }
   }
@@ -129,7 +131,15 @@ GateResults run_gate(const GateConfig& c, int shard_k, int shard_n, int threads)
           e.baseline[t] = compare(impls[0].tensors.at(t), e.truth.tensors.at(t), impls[0].tensors.at(t).dtype,
                                   valid_mask(e.k, t), nullptr, &e.truth.lo.at(t)).rel_l2;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      per_job[i] = judge_job(c, jobs[i], e, impls, s);
+      std::vector<Outputs> wanted;  // bounds only for the cpu.* implementations this entry judges
+      for (const Outputs& o : impls)
+        for (const std::string& p : c.entries[jobs[i].entry].impls)
+          if (o.impl.rfind("cpu.", 0) == 0 && (id_matches(with_profile(p, jobs[i].cfg.profile), o.impl) || id_matches(p, o.impl))) {
+            wanted.push_back(o);
+            break;
+          }
+      const std::map<std::string, Outputs> bounds = bounds_for(e.k, wanted);
+      per_job[i] = judge_job(c, jobs[i], e, impls, bounds, s);
       e = Evaluated{};  // free the case early
     });
   run_parallel(tasks, threads);

@@ -54,6 +54,17 @@ Metrics compare(const Tensor& x, const Tensor& y, DType ulp_dtype, const std::ve
   return m;
 }
 
+double bound_ratio(const Tensor& x, const Tensor& y, const Tensor& bound, const std::vector<bool>& mask) {
+  double worst = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+    const double lim = bound[i] + std::ldexp(std::fabs(y[i]), -100);
+    const double err = std::fabs(x[i] - y[i]);
+    if (err > 0) worst = std::max(worst, lim > 0 ? err / lim : std::numeric_limits<double>::infinity());
+  }
+  return worst;
+}
+
 double agreeing_bits(const Case& k, const Outputs& a, const Outputs& b,
                      const std::vector<std::string>& tensors) {
   double worst = 0;
