@@ -12,7 +12,10 @@ MpVec to_mp(const double* p, int n) { return MpVec(p, p + n); }
 Mp sum_squares(const MpVec& z, int from, int n) {
   if (n < 0) n = int(z.size()) - from;
   Mp acc = 0, tmp;
-  for (int j = from; j < from + n; ++j) mac(acc, z[size_t(j)], z[size_t(j)], tmp);
+  for (int j = from; j < from + n; ++j) {  // squares: mpfr_sqr, cheaper than a general product
+    mpfr_sqr(tmp.backend().data(), z[size_t(j)].backend().data(), MPFR_RNDN);
+    mpfr_add(acc.backend().data(), acc.backend().data(), tmp.backend().data(), MPFR_RNDN);
+  }
   return acc;
 }
 

@@ -290,3 +290,12 @@ TEST_CASE("cli.certify.exit_codes") {
   CHECK(r.out.find("refuted exactly: content score differs at") != std::string::npos);
   CHECK(run("certify --preset tiny --mutant nope").code == 2);
 }
+
+TEST_CASE("cli.report.refuses_an_inaccurate_reference") {
+  // At 64 bits the reference agrees with its 128-bit run on ~60 bits: enough for bf16 (28
+  // required) but not for fp64 (73 required), so the report is refused (exit 1).
+  CHECK(run("report --preset tiny --seqlen 9 --profiles bf16 --ref-bits 64").code == 0);
+  const Run r = run("report --preset tiny --seqlen 9 --profiles fp64 --ref-bits 64");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("refused") != std::string::npos);
+}

@@ -56,6 +56,7 @@ namespace {
 struct ReportFlags {
   CaseFlags c;
   int ref_bits = 113;
+  int check_bits = 0;
   int threads = 2;
   std::string format = "table", output;
 };
@@ -65,7 +66,8 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<ReportFlags>();
   auto* cmd = app.add_subcommand("report", "per-precision error report of every implementation against the reference");
   add_case_flags(*cmd, f->c, 4096);
-  cmd->add_option("--ref-bits", f->ref_bits, "reference precision P in bits (checked at 2P)")->check(CLI::Range(64, 4096))->capture_default_str();
+  cmd->add_option("--ref-bits", f->ref_bits, "reference precision P in bits")->check(CLI::Range(64, 4096))->capture_default_str();
+  cmd->add_option("--check-bits", f->check_bits, "precision of the reference's check run (default P + 64)")->check(CLI::Range(65, 8192));
   cmd->add_option("--threads", f->threads, "worker threads")->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--format", f->format, "table|md|json|csv")->check(CLI::IsMember({"table", "md", "json", "csv"}))->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
@@ -74,6 +76,8 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
     opts.cfg = build_config(f->c, 4096);
     opts.profiles = build_profiles(f->c, opts.profiles);
     opts.ref_bits = f->ref_bits;
+    opts.check_bits = f->check_bits;
+    if (opts.check_bits && opts.check_bits <= opts.ref_bits) throw ConfigError("check-bits", "must exceed --ref-bits");
     opts.threads = f->threads;
     if (isatty(2)) opts.progress = [](const std::string& s) { std::cerr << "[qkmla] " << s << "\n"; };
     const Report r = run_report(opts);

@@ -92,7 +92,7 @@ Report run_report(const ReportOptions& opts) {
   run_parallel(tasks, opts.threads);
   for (size_t i = 0; i < runs.size(); ++i)
     for (Outputs& o : absorbed[i]) runs[i].impls.push_back(std::move(o));
-  // Phase 2: the reference at P (explicit and absorbed), then the check at 2P. Boost keeps one
+  // Phase 2: the reference at P (explicit and absorbed), then the check at P + 64. Boost keeps one
   // global default precision, so each precision is one phase.
   {
     ref::PrecisionScope scope(opts.ref_bits);
@@ -106,7 +106,7 @@ Report run_report(const ReportOptions& opts) {
   }
   int check_bits = 0;
   {
-    ref::PrecisionScope scope(2 * opts.ref_bits);
+    ref::PrecisionScope scope(opts.check_bits ? opts.check_bits : opts.ref_bits + 64);
     check_bits = ref::PrecisionScope::current_bits();
     say("reference check at " + std::to_string(check_bits) + " bits");
     tasks.clear();

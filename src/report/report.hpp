@@ -13,7 +13,9 @@ namespace qkmla {
 struct ReportOptions {
   MlaConfig cfg;                   // dims, scenario, seed; profile is overridden per profile
   std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16};
-  int ref_bits = 113;              // P; the check runs at 2P
+  int ref_bits = 113;              // P
+  int check_bits = 0;              // the check run's precision; 0: P + 64 (its own error is then
+                                   // 2^-64 of the P run's, so the agreement it measures is the P run's)
   int threads = 2;
   std::function<void(const std::string&)> progress;  // may be empty
 };
