@@ -97,14 +97,16 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
   const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
   lc.c.assign(kv.data.begin() + kv.index({b, 0, 0}), kv.data.begin() + kv.index({b, 0, 0}) + T * r);
-  std::vector<Acc> key(size_t(G * dc));  // transient [G*d_c]
+  // The transient keys of this sequence [T, G*d_c]: used for their statistics, then discarded.
+  std::vector<Acc> keys(static_cast<size_t>(T * G * dc));
+  rows_mat(lc.c.data(), T, r, wk.data(), G * dc, G * dc, keys.data());
   for (int64_t t = 0; t < T; ++t) {
-    vec_mat(lc.c.data() + t * r, r, wk.data(), G * dc, 0, G * dc, key.data());
+    const Acc* key = &keys[size_t(t * G * dc)];
     std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}), kpe.data.begin() + kpe.index({b, t, 0}) + dr);
     if (unified && !ntr) rotate(z.data(), k, t);
     const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
     for (int g = 0; g < G; ++g) {
-      const Acc* kg = key.data() + g * dc;
+      const Acc* kg = key + g * dc;
       Acc ss = f.is(Mutant::AlphaKLowp) ? sum_sq_lowp(kg, dc) : sum_sq(kg, dc);
       int n = dc;
       if (f.is(Mutant::AlphaKFromLatent)) ss = sum_sq(lc.c.data() + t * r, r), n = r;

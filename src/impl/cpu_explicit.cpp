@@ -57,21 +57,16 @@ struct ExplicitKey {
 };
 
 template <class Acc>
-ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const std::vector<Acc>& wk,
-                     const std::vector<Acc>& wv, Acc eps) {
+ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc* v, Acc eps) {
   const MlaConfig& c = k.cfg;
   const DType D = stored_dtype(c.profile);
-  const Tensor& kv = k.get("kv_c");
   const Tensor& kpe = k.get("k_pe");
-  const int G = c.groups, dc = c.d_c, dr = c.d_r, r = c.latent_rank;
+  const int G = c.groups, dc = c.d_c, dr = c.d_r;
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
-  std::vector<Acc> ct(kv.data.begin() + kv.index({b, t, 0}), kv.data.begin() + kv.index({b, t, 0}) + r);
   std::vector<Acc> zk(kpe.data.begin() + kpe.index({b, t, 0}), kpe.data.begin() + kpe.index({b, t, 0}) + dr);
   ExplicitKey<Acc> e;
-  e.kc.resize(size_t(G * dc));
-  e.v.resize(size_t(G * c.d_v));
-  vec_mat(ct.data(), r, wk.data(), G * dc, 0, G * dc, e.kc.data());  // E.1: k0c [G*d_c]
-  vec_mat(ct.data(), r, wv.data(), G * c.d_v, 0, G * c.d_v, e.v.data());
+  e.kc.assign(k0c, k0c + G * dc);  // E.1: k0c [G*d_c], accumulated in Acc over r
+  e.v.assign(v, v + G * c.d_v);
   if (c.norm == NormMode::Blockwise) {
     const std::vector<Acc> gck = to_acc<Acc>(k.get("gamma_ck"));
     for (int g = 0; g < G; ++g) {
@@ -118,8 +113,13 @@ Outputs run(const Case& k) {
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
     std::vector<ExplicitKey<Acc>> keys;  // the full-key cache of sequence b
+    const Tensor& kv = k.get("kv_c");
+    const std::vector<Acc> cb(kv.data.begin() + kv.index({b, 0, 0}), kv.data.begin() + kv.index({b, 0, 0}) + T * c.latent_rank);
+    std::vector<Acc> k0c(size_t(T * c.groups * dc)), v(size_t(T * c.groups * dv));  // [T, G*d_c], [T, G*d_v]
+    rows_mat(cb.data(), T, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
+    rows_mat(cb.data(), T, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
     for (int64_t t = 0; t < T; ++t) {
-      keys.push_back(key(k, b, t, wk, wv, eps));
+      keys.push_back(key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps));
       for (int g = 0; g < c.groups; ++g) ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
     }
     for (int i = 0; i < S; ++i)

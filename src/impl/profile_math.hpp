@@ -1,6 +1,7 @@
 // Arithmetic shared by the CPU profile implementations. Acc is the accumulate type (float or
 // double); every loop runs in one fixed order, so results do not depend on vector width.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -62,6 +63,26 @@ void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, A
     const Acc xl = x[l];
     const Acc* w = W + int64_t(l) * ld + col0;
     for (int j = 0; j < cols; ++j) y[j] += xl * w[j];
+  }
+}
+
+// Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)), each output one sequential sum over
+// n exactly as vec_mat; rows are taken 8 at a time so that each row of W is read once per block
+// (the same results, bit for bit, with an eighth of the memory traffic).
+template <class Acc>
+void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols, Acc* Y) {
+  constexpr int64_t kRows = 8;
+  for (int64_t i = 0; i < rows * cols; ++i) Y[i] = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t r1 = std::min(rows, r0 + kRows);
+    for (int l = 0; l < n; ++l) {
+      const Acc* w = W + int64_t(l) * ld;
+      for (int64_t i = r0; i < r1; ++i) {
+        const Acc xl = X[i * n + l];
+        Acc* y = Y + i * cols;
+        for (int j = 0; j < cols; ++j) y[j] += xl * w[j];
+      }
+    }
   }
 }
 
