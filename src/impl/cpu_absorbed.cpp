@@ -70,7 +70,6 @@ void rope_norm(Acc* z, const Acc* gamma, int64_t pos, const Case& k, Acc eps, co
   if (ntr) rotate(z, k, pos);
 }
 
-template <class Acc>
 bool norm_then_rope(const Case& k, const Flavor& f) {
   return (k.cfg.rope_order == RopeOrder::NormThenRope) != f.is(Mutant::RopeOrderSwapped);
 }
@@ -92,7 +91,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
   const Tensor& kpe = k.get("k_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
-  const bool unified = cf.norm == NormMode::Unified, ntr = norm_then_rope<Acc>(k, f);
+  const bool unified = cf.norm == NormMode::Unified, ntr = norm_then_rope(k, f);
   const bool joint = unified || f.is(Mutant::JointNormInBlockwise);
   const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
@@ -140,7 +139,7 @@ LatentQuery<Acc> query(const Case& k, int b, int i, int h, const Flavor& f, cons
   const Tensor& qp = k.get("q_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int g = f.is(Mutant::GroupMapMod) ? h % G : cf.group_of(h);
-  const bool unified = cf.norm == NormMode::Unified, ntr = norm_then_rope<Acc>(k, f);
+  const bool unified = cf.norm == NormMode::Unified, ntr = norm_then_rope(k, f);
   const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));
   const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_ck"));
   const int64_t pos = k.pos(b, i);
