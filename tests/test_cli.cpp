@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "io/case_io.hpp"
 #include "io/safetensors.hpp"
 
 namespace {
@@ -298,4 +299,28 @@ TEST_CASE("cli.report.refuses_an_inaccurate_reference") {
   const Run r = run("report --preset tiny --seqlen 9 --profiles fp64 --ref-bits 64");
   CHECK(r.code == 1);
   CHECK(r.out.find("refused") != std::string::npos);
+}
+
+TEST_CASE("cli.golden_audit.kernel_level") {
+  const std::string dir = "/tmp/qkmla_cli_kernel_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  REQUIRE(run("golden --preset tiny --profile bf16 --level kernel --seqlens 0,17,40 --sq 2 -o " + dir + "/k.safetensors").code == 0);
+  const qkmla::CaseFile k = qkmla::read_case(dir + "/k.safetensors");  // validates the kernel-level shapes
+  CHECK(k.k.cfg.level == qkmla::Level::Kernel);
+  CHECK(k.k.has("q_latent"));
+  CHECK(k.k.has("alpha_k"));
+  CHECK(k.metadata.count("qkmla.baseline") == 1);
+  qkmla::SafetensorsFile o;
+  for (const char* t : {"latent_out", "lse"}) {
+    o.tensors[t] = k.refs.at(std::string("ref.") + t);
+    o.tensors[t].dtype = qkmla::DType::F32;
+    for (double& v : o.tensors[t].data) v = double(float(v));
+  }
+  qkmla::write_safetensors(dir + "/o.safetensors", o);
+  CHECK(run("audit " + dir + "/k.safetensors " + dir + "/o.safetensors").code == 0);
+  o.tensors["latent_out"].at({2, 1, 3, 7}) *= 1.5;  // one element, 50 % off: rel_l2 ~ 10x the baseline
+  qkmla::write_safetensors(dir + "/bad.safetensors", o);
+  const Run r = run("audit " + dir + "/k.safetensors " + dir + "/bad.safetensors");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("worst [2,1,3,7]") != std::string::npos);
 }
