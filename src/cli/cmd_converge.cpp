@@ -33,8 +33,10 @@ struct Series {
   std::string impl, scenario;
   ref::AbsorbedOptions opt;
   bool explicit_form = false;
-  std::vector<std::pair<int, double>> points;
+  std::vector<std::pair<int, double>> points = {};
   double slope = 0, tail_slope = 0;
+  Series(std::string i, std::string s, ref::AbsorbedOptions o, bool e = false)
+      : impl(std::move(i)), scenario(std::move(s)), opt(o), explicit_form(e) {}
 };
 
 double fit_slope(const std::vector<std::pair<int, double>>& pts, size_t from) {
