@@ -30,7 +30,7 @@ struct ReportRow {
 struct ProfileReference {
   std::string profile;
   int bits = 0, check_bits = 0;
-  double agreeing_bits = 0;  // ref.explicit at P vs at 2P
+  double agreeing_bits = 0;  // ref.explicit at P vs at check_bits
   double required_bits = 0;  // stored-dtype precision + 20 (SPEC §4)
   double dots_seconds = 0, explicit_seconds = 0, absorbed_seconds = 0, check_seconds = 0;
 };
