@@ -81,7 +81,7 @@ void Certifier::run() {
   const MlaConfig& c = k.cfg;
   const int H = c.heads, G = c.groups, S = c.s_q, dc = c.d_c, dr = c.d_r, dv = c.d_v, r = c.latent_rank;
   const bool unified = c.norm == NormMode::Unified;
-  const Tensor &qn = k.get("q_nope"), &qp = k.get("q_pe"), &kv = k.get("kv_c"), &kpe = k.get("k_pe"), &wk = k.get("w_uk"),
+  const Tensor &qn = k.get("q_nope"), &qp = k.get("q_pe"), &kv = k.latent(), &kpe = k.get("k_pe"), &wk = k.get("w_uk"),
                &wv = k.get("w_uv"), &cos = k.get("rope_cos"), &sin = k.get("rope_sin");
   const Tensor& gq = k.get(unified ? "gamma_q" : "gamma_cq");
   const Tensor& gk = k.get(unified ? "gamma_k" : "gamma_ck");

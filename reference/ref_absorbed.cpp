@@ -87,7 +87,7 @@ struct CacheRow {
 // D.5 (Gram form): |c WK_g|^2 = c (WK_g WK_g^T) c^T, with the Gram matrix from exact products
 // rounded to P once, and the quadratic form in P.
 Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) {
-  const Tensor& kv = k.get("kv_c");
+  const Tensor& kv = k.latent();
   const int r = k.cfg.latent_rank;
   const MpVec ct = to_mp(&kv.data[size_t(kv.index({b, t, 0}))], r);
   Mp acc = 0, mlm, row, tmp;
@@ -159,7 +159,7 @@ Outputs ref_absorbed(const Case& k, const Dots& d, const AbsorbedOptions& opt) {
           store(o, "q_latent", flat * c.latent_rank + l, rows.back().q_latent[size_t(l)]);
       }
     // A.4: q_latent . c[t] for every row and token, exact sums (X.4) of the rounded q_latent.
-    const Tensor& kv = k.get("kv_c");
+    const Tensor& kv = k.latent();
     const int r = c.latent_rank;
     std::vector<double> c_t(size_t(r * T));  // c^T [r, T]
     for (int64_t t = 0; t < T; ++t)

@@ -99,7 +99,7 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
   o.impl = "ref.explicit";
   init_outputs(o, k, {"out", "lse", "alpha_q", "alpha_k"});
   if (with_latent_out) init_outputs(o, k, {"latent_out"});
-  const Tensor& kv = k.get("kv_c");
+  const Tensor& kv = k.latent();
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
     std::vector<QueryRow> rows;  // [S_q * H]
@@ -164,7 +164,7 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
 Dots exact_dots(const Case& k) {
   const auto start = std::chrono::steady_clock::now();
   const MlaConfig& c = k.cfg;
-  const Tensor& kv = k.get("kv_c");
+  const Tensor& kv = k.latent();
   const Tensor& wk = k.get("w_uk");
   const Tensor& wv = k.get("w_uv");
   Dots d;

@@ -15,7 +15,7 @@ Outputs ref_kernel(const Case& k) {
   const int64_t T_max = k.t_max();
   const Mp scale = c.softmax_scale;
   const bool unified = c.norm == NormMode::Unified;
-  const Tensor &ql = k.get("q_latent"), &aq = k.get("alpha_q"), &qr = k.get("q_rope"), &kv = k.get("kv_c"),
+  const Tensor &ql = k.get("q_latent"), &aq = k.get("alpha_q"), &qr = k.get("q_rope"), &kv = k.latent(),
                &kr = k.get("k_rope"), &ak = k.get("alpha_k");
   Outputs o;
   o.impl = "ref.kernel";

@@ -13,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include <set>
+
 #include "io/case_io.hpp"
 #include "io/safetensors.hpp"
+#include "qkmla_gpu.hpp"
 
 namespace {
 
@@ -323,4 +326,33 @@ TEST_CASE("cli.golden_audit.kernel_level") {
   const Run r = run("audit " + dir + "/k.safetensors " + dir + "/bad.safetensors");
   CHECK(r.code == 1);
   CHECK(r.out.find("worst [2,1,3,7]") != std::string::npos);
+}
+
+TEST_CASE("cli.bench_without_device_exits_2") {
+  std::string why;
+  if (qkmla::gpu::device_available(&why)) return;  // on a GPU machine the bench runs (label gpu)
+  const Run r = run("bench --contexts 4096 --reps 3");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("needs a CUDA device") != std::string::npos);
+  CHECK(run("bench --reps 0").code == 2);  // bad flag: exit 2 before any device question
+}
+
+TEST_CASE("cli.report_fp8_and_gpu_rows") {
+  // The fp8 profile's CPU rows, the kernels' model rows and the quantization row, and one line
+  // saying why no device row appears (without a device).
+  const Run r = run("report --preset tiny --seqlens 65,0 --sq 2 --profiles bf16,fp8 --format json");
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  std::set<std::string> impls;
+  for (const auto& row : j["rows"]) impls.insert(row["impl"].get<std::string>());
+  for (const char* id : {"cpu.explicit.fp8", "cpu.absorbed.fp8", "gpu.model.fp8", "gpu.model.explicit.fp8",
+                         "gpu.model.bf16", "quant.fp8"})
+    CHECK(impls.count(id) == 1);
+  std::string why;
+  if (!qkmla::gpu::device_available(&why)) {
+    REQUIRE(j["notes"].size() >= 1);
+    CHECK(j["notes"][0].get<std::string>().rfind("no CUDA device: GPU rows skipped", 0) == 0);
+  } else {
+    CHECK(impls.count("gpu.absorbed.fp8") == 1);
+  }
 }

@@ -23,9 +23,9 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_flag("--causal,!--no-causal", f.causal, "causal mask over the query tokens (default on)");
   app.add_option("--scenario", f.scenario, "input distribution")->check(CLI::IsMember(scenario_names()))->capture_default_str();
   app.add_option("--seed", f.seed, "generator seed")->capture_default_str();
-  app.add_option("--profile,--profiles", f.profiles, "precision profiles, comma separated (fp64,fp32,bf16,fp16)")
+  app.add_option("--profile,--profiles", f.profiles, "precision profiles, comma separated (fp64,fp32,bf16,fp16,fp8)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16"}));
+      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
 }
 
 MlaConfig build_config(const CaseFlags& f, int default_seqlen) {

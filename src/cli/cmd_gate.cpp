@@ -80,7 +80,7 @@ struct MutantFlags {
 Runner add_mutants(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<MutantFlags>();
   auto* cmd = app.add_subcommand("mutants", "kill matrix: which mutants of SPEC §7 the gate catches, per profile");
-  cmd->add_option("--profiles", f->profiles, "profiles, comma separated")->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16"}));
+  cmd->add_option("--profiles", f->profiles, "profiles, comma separated")->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
   cmd->add_option("--config", f->config, "gate matrix (TOML) whose mutant entries are run; default: the built-in one")->check(CLI::ExistingFile);
   cmd->add_option("--format", f->format, "table|json")->check(CLI::IsMember({"table", "json"}))->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");

@@ -16,6 +16,7 @@ Runner add_golden(CLI::App& app, const std::string& command_line);
 Runner add_audit(CLI::App& app, const std::string& command_line);
 Runner add_certify(CLI::App& app, const std::string& command_line);
 Runner add_converge(CLI::App& app, const std::string& command_line);
+Runner add_bench(CLI::App& app, const std::string& command_line);
 
 // Writes text to path, or to stdout when path is empty. 0, or 2 when the file cannot be written.
 int write_output(const std::string& text, const std::string& path);

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add(cli::add_audit(app, command_line));
   add(cli::add_certify(app, command_line));
   add(cli::add_converge(app, command_line));
+  add(cli::add_bench(app, command_line));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -41,6 +42,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const InputError& e) {
     std::cerr << "qkmla: bad input: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {  // e.g. a shape the GPU kernels do not support
+    std::cerr << "qkmla: " << e.what() << "\n";
+    return 2;
+  } catch (const std::runtime_error& e) {  // a CUDA call that failed
+    std::cerr << "qkmla: error: " << e.what() << "\n";
     return 2;
   }
   return 2;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "qkmla_gpu.hpp"
+
 namespace qkmla::cli {
 
 namespace {
@@ -27,8 +29,11 @@ std::string provenance(const std::string& command_line, int threads) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  return fmt::format("`{}` at commit {}, {}, compiler {} with flags `{}`, {} threads, device: CPU only, {}",
-                     command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, threads, date);
+  std::string why;
+  const std::string device = gpu::device_available(&why) ? gpu::device_description() : "CPU only (" + why + ")";
+  return fmt::format("`{}` at commit {}, {}, compiler {} with flags `{}`, CUDA: {}, {} threads, device: {}, {}",
+                     command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, QKMLA_CUDA_INFO, threads,
+                     device, date);
 }
 
 }  // namespace qkmla::cli

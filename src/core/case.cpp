@@ -1,6 +1,8 @@
 #include "core/case.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace qkmla {
 
@@ -8,6 +10,40 @@ const Tensor& Case::get(const std::string& name) const {
   auto it = tensors.find(name);
   if (it == tensors.end()) throw ConfigError(name, "missing tensor");
   return it->second;
+}
+
+void attach_latent(Case& k) {
+  if (!k.has("kv_c_scale")) {
+    k.dequant.reset();
+    return;
+  }
+  const Tensor& codes = k.get("kv_c");
+  const Tensor& scale = k.get("kv_c_scale");
+  auto d = std::make_shared<Tensor>(DType::F64, codes.shape);
+  const int64_t r = codes.shape.back();
+  for (int64_t n = 0; n < codes.numel(); ++n) (*d)[n] = codes[n] * scale[n / r];  // <= 28 bits: exact
+  k.dequant = std::move(d);
+}
+
+void quantize_fp8_cache(Case& k) {
+  Tensor& kv = k.tensors.at("kv_c");
+  const int64_t T = kv.shape[1], r = kv.shape[2];
+  Tensor scale(DType::F32, {k.cfg.batch, T}, std::numeric_limits<double>::quiet_NaN());
+  Tensor codes(DType::F8_E4M3, kv.shape, std::numeric_limits<double>::quiet_NaN());
+  for (int b = 0; b < k.cfg.batch; ++b)
+    for (int64_t t = 0; t < k.cfg.seqlens[size_t(b)]; ++t) {
+      double amax = 0;
+      for (int64_t l = 0; l < r; ++l) amax = std::max(amax, std::fabs(kv.at({b, t, l})));
+      const double s = amax > 0 ? round_to(DType::F32, amax / 448.0) : 1.0;
+      scale.at({b, t}) = s;
+      // c / s in double, then one RNE to e4m3: the double quotient cannot land on an e4m3 tie
+      // unless the exact one does (c has 8 bits, s 24: a non-tie quotient is >= 2^-30 relative
+      // away from any tie, the double rounding moves it by <= 2^-53).
+      for (int64_t l = 0; l < r; ++l) codes.at({b, t, l}) = round_to(DType::F8_E4M3, kv.at({b, t, l}) / s);
+    }
+  kv = std::move(codes);
+  k.tensors["kv_c_scale"] = std::move(scale);
+  attach_latent(k);
 }
 
 bool Case::causal_visible(int b, int i, int64_t t) const {
@@ -18,10 +54,14 @@ bool Case::causal_visible(int b, int i, int64_t t) const {
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,
                                                                   int64_t t_max, int64_t p_max) {
   const int64_t B = c.batch, S = c.s_q, H = c.heads, G = c.groups, r = c.latent_rank;
-  if (c.level == Level::Kernel)  // SPEC §2 kernel level: already absorbed, already rounded
-    return {{"q_latent", {B, S, H, r}}, {"alpha_q", {B, S, H}},    {"q_rope", {B, S, H, c.d_r}},
-            {"kv_c", {B, t_max, r}},    {"k_rope", {B, t_max, c.d_r}}, {"alpha_k", {B, t_max, G}},
-            {"seqlens", {B}}};
+  if (c.level == Level::Kernel) {  // SPEC §2 kernel level: already absorbed, already rounded
+    std::map<std::string, std::vector<int64_t>> m = {
+        {"q_latent", {B, S, H, r}}, {"alpha_q", {B, S, H}},         {"q_rope", {B, S, H, c.d_r}},
+        {"kv_c", {B, t_max, r}},    {"k_rope", {B, t_max, c.d_r}}, {"alpha_k", {B, t_max, G}},
+        {"seqlens", {B}}};
+    if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};
+    return m;
+  }
   std::map<std::string, std::vector<int64_t>> m = {
       {"q_nope", {B, S, H, c.d_c}},     {"q_pe", {B, S, H, c.d_r}},
       {"kv_c", {B, t_max, r}},          {"k_pe", {B, t_max, c.d_r}},
@@ -29,6 +69,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
       {"w_uv", {r, G * c.d_v}},         {"rope_cos", {p_max, c.d_r / 2}},
       {"rope_sin", {p_max, c.d_r / 2}},
   };
+  if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};  // SPEC §3 fp8 cache scales
   if (c.norm == NormMode::Blockwise) {
     m["gamma_cq"] = m["gamma_ck"] = {c.d_c};
     m["gamma_rq"] = m["gamma_rk"] = {c.d_r};
@@ -65,10 +106,20 @@ void validate_case(const Case& k) {
   // Non-finite values in the read part of an input are refused: they would make every
   // comparison meaningless. Cache rows past T_b are unspecified and not read.
   for (const auto& [name, t] : k.tensors) {
-    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" || name == "alpha_k") continue;
+    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" || name == "alpha_k" ||
+        name == "kv_c_scale")
+      continue;
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t[i]))
         throw ConfigError(name, "non-finite value at flat index " + std::to_string(i));
+  }
+  if (c.profile == Profile::FP8) {
+    const Tensor& s = k.get("kv_c_scale");
+    for (int b = 0; b < c.batch; ++b)
+      for (int64_t tok = 0; tok < c.seqlens[size_t(b)]; ++tok)
+        if (!(std::isfinite(s.at({b, tok})) && s.at({b, tok}) > 0))
+          throw ConfigError("kv_c_scale", "scale at [" + std::to_string(b) + ", " + std::to_string(tok) +
+                                              "] must be finite and positive");
   }
   for (const char* name : {"kv_c", kernel ? "k_rope" : "k_pe", kernel ? "alpha_k" : "kv_c"}) {
     const Tensor& t = k.get(name);

@@ -1,6 +1,7 @@
 // A case: one config and the named input tensors every implementation reads (SPEC §2).
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 
 #include "core/config.hpp"
@@ -18,7 +19,20 @@ struct Case {
   int64_t p_max() const { return get("rope_cos").shape[0]; }
   bool causal_visible(int b, int i, int64_t t) const;  // is cached token t visible to query i?
   int64_t pos(int b, int i) const { return cfg.seqlens[size_t(b)] - cfg.s_q + i; }
+  // The latent cache values c every implementation reads [B, T_max, r]: kv_c itself, or in the
+  // fp8 profile the dequantized cache code x kv_c_scale (exact in double; SPEC §3). Set by
+  // attach_latent; stale if kv_c or kv_c_scale change afterwards.
+  const Tensor& latent() const { return dequant ? *dequant : get("kv_c"); }
+  std::shared_ptr<const Tensor> dequant;
 };
+
+// Sets k.dequant when the case carries kv_c_scale (fp8 profile); no-op otherwise.
+void attach_latent(Case& k);
+
+// fp8 profile: per token, scale_t = amax_t / 448 rounded to fp32 (1 for an all-zero row) and
+// code = RNE(c / scale_t) saturating at +-448; kv_c becomes the codes (F8_E4M3) and kv_c_scale
+// [B, T_max] is added (NaN past T_b, like the cache rows). Then attach_latent.
+void quantize_fp8_cache(Case& k);
 
 // The input tensor names and shapes a module-level case must carry for its config.
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,

@@ -67,9 +67,9 @@ Case generate_case(const MlaConfig& cfg_in) {
   const Draw draw = draw_for(cfg.scenario);
   const DType d = stored_dtype(cfg.profile);
   const int64_t t_max = cfg.max_seqlen() + kCachePadding, p_max = t_max + kCachePadding;
-  Case k{cfg, {}};
+  Case k{cfg, {}, nullptr};
   for (const auto& [name, shape] : expected_input_shapes(cfg, t_max, p_max))
-    k.tensors[name] = Tensor(name == "seqlens" ? DType::I32 : d, shape);
+    if (name != "kv_c_scale") k.tensors[name] = Tensor(name == "seqlens" ? DType::I32 : d, shape);
   Rng rng(cfg.seed);
   // Fixed draw order: the checksum test pins it.
   fill(k.tensors["q_nope"], rng, draw.q_scale);
@@ -102,6 +102,8 @@ Case generate_case(const MlaConfig& cfg_in) {
     }
   }
   make_rope_tables(p_max, cfg.d_r, 10000.0, k.tensors["rope_cos"], k.tensors["rope_sin"]);
+  // fp8: the bf16 cache above (the same bits as the bf16 profile's case of this seed), quantized.
+  if (cfg.profile == Profile::FP8) quantize_fp8_cache(k);
   return k;
 }
 

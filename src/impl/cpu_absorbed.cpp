@@ -87,7 +87,7 @@ template <class Acc>
 LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps, const Flavor& f) {
   const MlaConfig& cf = k.cfg;
   const DType D = stored_dtype(cf.profile);
-  const Tensor& kv = k.get("kv_c");
+  const Tensor& kv = k.latent();
   const Tensor& kpe = k.get("k_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
@@ -324,7 +324,7 @@ Case kernel_case_t(const Case& k) {
   const int64_t T = k.t_max();
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk"));
   const Flavor f{};
-  Case kc{cf, {}};
+  Case kc{cf, {}, nullptr};
   kc.cfg.level = Level::Kernel;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Tensor& ql = kc.tensors["q_latent"] = Tensor(D, {cf.batch, S, H, r});
@@ -348,6 +348,11 @@ Case kernel_case_t(const Case& k) {
         for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
         for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
       }
+  }
+  if (cf.profile == Profile::FP8) {  // the kernel reads the e4m3 codes and their scales themselves
+    kc.tensors["kv_c"] = k.get("kv_c");
+    kc.tensors["kv_c_scale"] = k.get("kv_c_scale");
+    attach_latent(kc);
   }
   return kc;
 }

@@ -15,7 +15,7 @@ Outputs run(const Case& k) {
   const Acc scale = Acc(cf.softmax_scale);
   const bool unified = cf.norm == NormMode::Unified;
   const std::vector<Acc> ql = to_acc<Acc>(k.get("q_latent")), aq = to_acc<Acc>(k.get("alpha_q")),
-                         qr = to_acc<Acc>(k.get("q_rope")), kv = to_acc<Acc>(k.get("kv_c")),
+                         qr = to_acc<Acc>(k.get("q_rope")), kv = to_acc<Acc>(k.latent()),
                          kr = to_acc<Acc>(k.get("k_rope")), ak = to_acc<Acc>(k.get("alpha_k"));
   const int64_t T_max = k.t_max();
   Outputs o;

@@ -25,6 +25,7 @@ CaseFile read_case(const std::string& path) {
   } catch (const ConfigError& e) {
     throw InputError(path, e.field, e.what());
   }
+  attach_latent(out.k);
   return out;
 }
 

@@ -59,6 +59,7 @@ std::string render_table(const Report& r, const std::string& how) {
                      num(row.baseline_ratio), row.m.nonfinite_mismatch, row.seconds,
                      index_str(row.m.worst.index), row.m.worst.value, row.m.worst.ref);
   }
+  for (const std::string& n : r.notes) s += "note: " + n + "\n";
   s += fmt::format("total {:.1f} s\n", r.total_seconds);
   return s;
 }
@@ -80,6 +81,8 @@ std::string render_markdown(const Report& r, const std::string& how) {
                      num(row.baseline_ratio), row.m.nonfinite_mismatch, row.seconds,
                      index_str(row.m.worst.index), row.m.worst.value, row.m.worst.ref);
   }
+  if (!r.notes.empty()) s += "\n**Notes:**\n\n";
+  for (const std::string& n : r.notes) s += "- " + n + "\n";
   s += fmt::format("\nTotal wall time {:.1f} s.\n", r.total_seconds);
   return s;
 }
@@ -115,6 +118,7 @@ std::string render_json(const Report& r, const std::string& how) {
                                {"ref", finite_or_null(row.m.worst.ref)}}},
                     {"seconds", row.seconds}});
   j["rows"] = rows;
+  j["notes"] = r.notes;
   j["total_seconds"] = r.total_seconds;
   return j.dump(2) + "\n";
 }

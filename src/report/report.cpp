@@ -10,6 +10,7 @@
 #include "impl/cpu_impls.hpp"
 #include "mp.hpp"
 #include "reference.hpp"
+#include "report/report_gpu.hpp"
 
 namespace qkmla {
 
@@ -30,7 +31,8 @@ struct ProfileRun {
   Case k;
   ref::Dots dots;
   Outputs ref_p, ref_2p, ref_abs;
-  std::vector<Outputs> impls;  // cpu.explicit first, then cpu.absorbed variants
+  std::vector<Outputs> impls;  // cpu.explicit first, then cpu.absorbed variants, then gpu.*
+  std::vector<Outputs> gpu_models;
 };
 
 const std::vector<std::string> kTensors = {"out", "lse", "alpha_k", "latent_out"};
@@ -66,6 +68,32 @@ void add_rows(Report& rep, const ProfileRun& run, Profile p) {
     }
 }
 
+// quant.fp8 (SPEC §3): the reference on the dequantized fp8 cache against the reference on the
+// bf16 cache it was quantized from (same seed, same other bits): the quantization error alone.
+void add_quant_rows(Report& rep, const ProfileRun& fp8, const ProfileRun& bf16) {
+  for (const std::string t : {"out", "lse"}) {
+    const Tensor& x = fp8.ref_p.tensors.at(t);
+    ReportRow row{"quant.fp8", to_string(Profile::FP8), t,
+                  compare(x, bf16.ref_p.tensors.at(t), DType::BF16, valid_mask(fp8.k, t), &fp8.ref_p.lo.at(t),
+                          &bf16.ref_p.lo.at(t)),
+                  std::numeric_limits<double>::quiet_NaN(), 0.0};
+    rep.rows.push_back(std::move(row));
+  }
+}
+
+// Kernels on the device (serially: one device), each checked bit for bit against its model.
+void add_device_runs(std::vector<ProfileRun>& runs, Report& rep, const ReportOptions& opts) {
+  std::string why;
+  bool any = false;
+  for (ProfileRun& r : runs) {
+    if (r.gpu_models.empty()) continue;
+    any = true;
+    if (!opts.gpu_device) continue;
+    for (Outputs& o : gpu_device_outputs(r.k, r.gpu_models, rep.notes, &why)) r.impls.push_back(std::move(o));
+  }
+  if (any && opts.gpu_device && !why.empty()) rep.notes.push_back("no CUDA device: GPU rows skipped (" + why + ")");
+}
+
 }  // namespace
 
 Report run_report(const ReportOptions& opts) {
@@ -89,9 +117,14 @@ Report run_report(const ReportOptions& opts) {
   for (ProfileRun& r : runs) tasks.push_back([&r] { r.impls.insert(r.impls.begin(), impl::cpu_explicit(r.k)); });
   for (size_t i = 0; i < runs.size(); ++i)
     tasks.push_back([&, i] { absorbed[i] = impl::cpu_absorbed_all(runs[i].k); });
+  if (opts.gpu_model)
+    for (ProfileRun& r : runs) tasks.push_back([&r] { r.gpu_models = gpu_model_outputs(r.k); });
   run_parallel(tasks, opts.threads);
-  for (size_t i = 0; i < runs.size(); ++i)
+  for (size_t i = 0; i < runs.size(); ++i) {
     for (Outputs& o : absorbed[i]) runs[i].impls.push_back(std::move(o));
+    for (const Outputs& o : runs[i].gpu_models) runs[i].impls.push_back(o);
+  }
+  add_device_runs(runs, rep, opts);
   // Phase 2: the reference at P (explicit and absorbed), then the check at P + 64. Boost keeps one
   // global default precision, so each precision is one phase.
   {
@@ -132,6 +165,13 @@ Report run_report(const ReportOptions& opts) {
     rep.references.push_back(pr);
     add_rows(rep, r, p);
   }
+  const auto find = [&](Profile p) -> const ProfileRun* {
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (opts.profiles[i] == p) return &runs[i];
+    return nullptr;
+  };
+  if (find(Profile::FP8) && find(Profile::BF16)) add_quant_rows(rep, *find(Profile::FP8), *find(Profile::BF16));
+  else if (find(Profile::FP8)) rep.notes.push_back("quant.fp8 rows need the bf16 profile in the same report");
   rep.total_seconds = seconds_since(start);
   return rep;
 }

@@ -12,11 +12,13 @@ namespace qkmla {
 
 struct ReportOptions {
   MlaConfig cfg;                   // dims, scenario, seed; profile is overridden per profile
-  std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16};
+  std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
   int ref_bits = 113;              // P
   int check_bits = 0;              // the check run's precision; 0: P + 64 (its own error is then
                                    // 2^-64 of the P run's, so the agreement it measures is the P run's)
   int threads = 2;
+  bool gpu_model = true;           // gpu.model.* rows (the kernels' CPU model) in the GPU profiles
+  bool gpu_device = true;          // gpu.absorbed.* / gpu.explicit.* rows when a CUDA device exists
   std::function<void(const std::string&)> progress;  // may be empty
 };
 
@@ -39,6 +41,7 @@ struct Report {
   MlaConfig cfg;
   std::vector<ProfileReference> references;
   std::vector<ReportRow> rows;
+  std::vector<std::string> notes;  // e.g. "no CUDA device: GPU rows skipped", kernel-vs-model bits
   double total_seconds = 0;
   bool reference_ok() const;
 };

@@ -1,0 +1,80 @@
+// Device memory and error handling for the launchers (CUDA only).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.cuh"
+
+namespace qkmla::gpu {
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+#define QK_CUDA(call) ::qkmla::gpu::cuda_check((call), #call)
+
+// An owned device buffer.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) : bytes_(bytes) {
+    if (bytes) QK_CUDA(cudaMalloc(&p_, bytes));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DevBuf() {
+    if (p_) cudaFree(p_);
+  }
+  template <class T = void> T* get() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <class T>
+DevBuf upload(const std::vector<T>& h) {
+  DevBuf d(h.size() * sizeof(T));
+  if (!h.empty()) QK_CUDA(cudaMemcpy(d.get(), h.data(), d.bytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Upload fp32 values as the bits of format S (exact: each value is representable in S).
+template <Store S>
+DevBuf upload_as(const std::vector<float>& h) {
+  std::vector<typename Bits<S>::T> bits(h.size());
+  for (size_t i = 0; i < h.size(); ++i) bits[i] = Bits<S>::enc(h[i]);
+  return upload(bits);
+}
+
+// A device buffer of n elements of format S filled with NaN (e4m3 has a NaN code as well).
+template <Store S>
+DevBuf nan_buffer(size_t n) {
+  return upload_as<S>(std::vector<float>(n, qk_nan()));
+}
+
+template <class T>
+std::vector<T> download(const DevBuf& d, size_t n) {
+  std::vector<T> h(n);
+  if (n) QK_CUDA(cudaMemcpy(h.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+template <Store S>
+std::vector<float> download_as(const DevBuf& d, size_t n) {
+  const auto bits = download<typename Bits<S>::T>(d, n);
+  std::vector<float> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = Bits<S>::ld(bits[i]);
+  return h;
+}
+
+}  // namespace qkmla::gpu

@@ -1,0 +1,176 @@
+// Decode, split combine and value up-projection kernels (included by kernels.cuh).
+#pragma once
+
+namespace qkmla::gpu {
+
+// ---------------------------------------------------------------- K.4-K.6: split-KV decode
+struct DecodeArgs {
+  Dims d;
+  bool qk_norm;             // false: plain MLA (bench baseline) and the explicit form
+  int n_k, n_v, kgroups;    // key / value widths; groups in the K/V cache (1: latent, G: explicit)
+  int pages_per_split, max_splits, max_pages;
+  const int *seqlens, *block_table, *rows, *row_group;  // rows: [blocks, 16] (plan.hpp)
+  const void *q, *q_rope;   // [B, R, n_k], [B, R, d_r] stored
+  const float* alpha_q;     // [B, R]
+  const void *k, *v;        // [slots, kgroups, n_k|n_v] in the key format (v == k: absorbed)
+  const float* kscale;      // [slots] fp8 latent cache; null otherwise
+  const void* rope;         // [slots, d_r] stored
+  const float* alpha_k;     // [slots, G]
+  float *o_part, *lse_part;  // [B, R, max_splits, n_v], [B, R, max_splits]
+};
+
+constexpr int kDecodeThreads = 256;
+constexpr int kValueCols = kMaxRank / kDecodeThreads;  // value columns per thread
+
+// One block per (sequence, split, row block). Per 64-token page (= tile): the 8 warps score the
+// page's tokens (lane partials + butterfly), 16 threads update the rows' online softmax, and every
+// thread updates its value columns of all 16 rows. Tokens at or past T_b are never loaded.
+template <Store KS, Store D>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs a) {
+  using KB = Bits<KS>;
+  using DB = Bits<D>;
+  __shared__ float q_s[kRowsPerBlock][kMaxRank], qr_s[kRowsPerBlock][kMaxRope];
+  __shared__ float lg_s[kRowsPerBlock][kPage], p_s[kRowsPerBlock][kPage];
+  __shared__ float al_s[kRowsPerBlock], aq_s[kRowsPerBlock];
+  __shared__ int row_s[kRowsPerBlock];
+  __shared__ RowState st_s[kRowsPerBlock];
+  const Dims& d = a.d;
+  const int b = blockIdx.x, s = blockIdx.y, blk = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, R = d.S_q * d.H;
+  const int T = a.seqlens[b], pages = (T + kPage - 1) / kPage;
+  const int p0 = s * a.pages_per_split, p1 = min(p0 + a.pages_per_split, pages);
+  if (p0 >= p1) return;
+  const int kg = a.row_group[blk];
+  const auto* q = static_cast<const typename DB::T*>(a.q);
+  const auto* qrope = static_cast<const typename DB::T*>(a.q_rope);
+  if (tid < kRowsPerBlock) {
+    row_s[tid] = a.rows[blk * kRowsPerBlock + tid];
+    st_s[tid] = row_start();
+    aq_s[tid] = row_s[tid] >= 0 ? a.alpha_q[size_t(b) * R + row_s[tid]] : 0.0f;
+  }
+  __syncthreads();
+  for (int k = 0; k < kRowsPerBlock; ++k) {
+    const size_t br = size_t(b) * R + size_t(row_s[k] < 0 ? 0 : row_s[k]);
+    for (int j = tid; j < a.n_k; j += kDecodeThreads) q_s[k][j] = row_s[k] >= 0 ? DB::ld(q[br * a.n_k + j]) : 0.0f;
+    for (int j = tid; j < d.d_r; j += kDecodeThreads) qr_s[k][j] = row_s[k] >= 0 ? DB::ld(qrope[br * d.d_r + j]) : 0.0f;
+  }
+  __syncthreads();
+  const auto* kc = static_cast<const typename KB::T*>(a.k);
+  const auto* vc = static_cast<const typename KB::T*>(a.v);
+  const auto* kr = static_cast<const typename DB::T*>(a.rope);
+  float acc[kRowsPerBlock][kValueCols];
+#pragma unroll
+  for (int k = 0; k < kRowsPerBlock; ++k)
+#pragma unroll
+    for (int c = 0; c < kValueCols; ++c) acc[k][c] = 0.0f;
+  for (int page = p0; page < p1; ++page) {
+    const size_t base = size_t(a.block_table[size_t(b) * a.max_pages + page]) * kPage;
+    const int t0 = page * kPage, n = min(kPage, T - t0);
+    for (int tt = warp; tt < n; tt += kDecodeThreads / 32) {  // K.4 scores
+      const size_t slot = base + size_t(tt);
+      const auto* krow = kc + (slot * a.kgroups + kg) * a.n_k;
+      float kreg[kMaxRank / 32], rreg[kMaxRope / 32];
+#pragma unroll
+      for (int m = 0; m < kMaxRank / 32; ++m) kreg[m] = lane + 32 * m < a.n_k ? KB::ld(krow[lane + 32 * m]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < kMaxRope / 32; ++m) rreg[m] = lane + 32 * m < d.d_r ? DB::ld(kr[slot * d.d_r + lane + 32 * m]) : 0.0f;
+      for (int k = 0; k < kRowsPerBlock; ++k) {
+        const int row = row_s[k];
+        if (row < 0) continue;
+        float lat = warp_tree(lane_partial<kMaxRank / 32>([&](int j) { return q_s[k][j]; }, [&](int m) { return kreg[m]; }, a.n_k, lane));
+        if (a.kscale) lat = lat * a.kscale[slot];
+        const float rope = warp_tree(lane_partial<kMaxRope / 32>([&](int j) { return qr_s[k][j]; }, [&](int m) { return rreg[m]; }, d.d_r, lane));
+        if (lane == 0) {
+          const int i = row / d.H, h = row % d.H;
+          const bool visible = !d.causal || t0 + tt <= T - d.S_q + i;
+          const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
+          lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, lat, rope) : -qk_inf();
+        }
+      }
+    }
+    __syncthreads();
+    if (tid < kRowsPerBlock && row_s[tid] >= 0) {  // K.5 online softmax, one thread per row
+      al_s[tid] = softmax_tile(st_s[tid], lg_s[tid], n, p_s[tid]);
+      if (a.kscale)
+        for (int tt = 0; tt < n; ++tt) p_s[tid][tt] = p_s[tid][tt] * a.kscale[base + tt];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kValueCols; ++c) {  // K.6 value accumulation
+      const int j = tid + c * kDecodeThreads;
+      if (j >= a.n_v) continue;
+#pragma unroll
+      for (int k = 0; k < kRowsPerBlock; ++k)
+        if (row_s[k] >= 0)
+          acc[k][c] = accumulate_tile(acc[k][c], al_s[k], p_s[k],
+                                      [&](int tt) { return KB::ld(vc[((base + tt) * a.kgroups + kg) * a.n_v + j]); }, n);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerBlock; ++k) {
+    if (row_s[k] < 0) continue;
+    const size_t sr = (size_t(b) * R + row_s[k]) * a.max_splits + s;
+    if (tid == 0) a.lse_part[sr] = split_lse(st_s[k]);
+#pragma unroll
+    for (int c = 0; c < kValueCols; ++c) {
+      const int j = tid + c * kDecodeThreads;
+      if (j < a.n_v) a.o_part[sr * a.n_v + j] = split_out(st_s[k], acc[k][c]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- K.7: combine
+struct CombineArgs {
+  int R, n_v, pages_per_split, max_splits;
+  const int* seqlens;
+  const float *o_part, *lse_part;
+  float *latent, *lse;  // [B, R, n_v] fp32, [B, R]
+};
+
+// One block per (sequence, row); every thread recomputes the row's lse (the same value) and
+// combines its columns.
+template <class = void>  // a template, so that every .cu including this header may instantiate it
+__global__ void combine_kernel(CombineArgs a) {
+  const int br = blockIdx.x, b = br / a.R;
+  const int T = a.seqlens[b], pages = (T + kPage - 1) / kPage;
+  const int ns = (pages + a.pages_per_split - 1) / a.pages_per_split;
+  const float* ls = a.lse_part + size_t(br) * a.max_splits;
+  const float lse = combine_lse(ls, ns);
+  if (threadIdx.x == 0) a.lse[br] = lse;
+  for (int j = threadIdx.x; j < a.n_v; j += blockDim.x)
+    a.latent[size_t(br) * a.n_v + j] =
+        combine_element(ls, ns, lse, [&](int s) { return a.o_part[(size_t(br) * a.max_splits + s) * a.n_v + j]; });
+}
+
+// ---------------------------------------------------------------- value up-projection
+struct UpArgs {
+  Dims d;
+  bool explicit_form;
+  const float* latent;  // [B, R, n_v] fp32 from combine
+  const void* w_uv;     // [r, G*d_v] stored
+  void* out;            // [B, R, d_v] stored
+};
+
+// latent_out is rounded to the stored format (what a bf16 GEMM would read), then projected:
+// one project() sum per output element. The explicit form's combined output is `out` itself.
+template <Store D>
+__global__ void upproj_kernel(UpArgs a) {
+  using DB = Bits<D>;
+  __shared__ float lat[kMaxRank];
+  const Dims& d = a.d;
+  const int br = blockIdx.x, R = d.S_q * d.H, g = d.group_of((br % R) % d.H);
+  auto* out = static_cast<typename DB::T*>(a.out);
+  if (a.explicit_form) {
+    for (int j = threadIdx.x; j < d.d_v; j += blockDim.x) out[size_t(br) * d.d_v + j] = DB::enc(a.latent[size_t(br) * d.d_v + j]);
+    return;
+  }
+  for (int l = threadIdx.x; l < d.r; l += blockDim.x) lat[l] = round_store(D, a.latent[size_t(br) * d.r + l]);
+  __syncthreads();
+  const auto* wv = static_cast<const typename DB::T*>(a.w_uv);
+  const size_t ld = size_t(d.G) * d.d_v;
+  for (int j = threadIdx.x; j < d.d_v; j += blockDim.x)
+    out[size_t(br) * d.d_v + j] = DB::enc(project(lat, d.r, [&](int l) { return DB::ld(wv[size_t(l) * ld + size_t(g) * d.d_v + j]); }));
+}
+
+}  // namespace qkmla::gpu

@@ -1,0 +1,93 @@
+// K.3 in the CPU model: the append stage (alpha_k, the cached rope key, the paged caches).
+#include <algorithm>
+#include <limits>
+
+#include "model_cache.hpp"
+
+namespace qkmla::gpu {
+
+namespace {
+
+// Y[rows, cols] = X[rows, n] . W[n, cols]: each output is project()'s sum, fmaf over l in order
+// (the loops are arranged so the compiler vectorizes across outputs; the order per output is the
+// kernel's). Rows go 8 at a time so that W is read once per block.
+void project_rows(const float* X, int rows, int n, const float* W, int cols, float* Y) {
+  std::fill(Y, Y + size_t(rows) * size_t(cols), 0.0f);
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    const int r1 = std::min(rows, r0 + 8);
+    for (int l = 0; l < n; ++l) {
+      const float* w = W + size_t(l) * size_t(cols);
+      for (int i = r0; i < r1; ++i) {
+        const float x = X[size_t(i) * size_t(n) + size_t(l)];
+        float* y = Y + size_t(i) * size_t(cols);
+        for (int j = 0; j < cols; ++j) y[j] = fmaf(x, w[j], y[j]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<float> ModelCache::dense_alpha_k(const GpuCase& c) const {
+  const Dims& d = c.d;
+  std::vector<float> a(size_t(d.B) * size_t(d.t_max) * size_t(d.G), qk_nan());
+  for (int b = 0; b < d.B; ++b)
+    for (int t = 0; t < c.seqlens[size_t(b)]; ++t) {
+      const size_t slot = size_t(paging.block_table[size_t(b) * paging.max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage);
+      for (int g = 0; g < d.G; ++g)
+        a[(size_t(b) * d.t_max + size_t(t)) * d.G + size_t(g)] = alpha_k[slot * d.G + size_t(g)];
+    }
+  return a;
+}
+
+ModelCache model_append(const GpuCase& c, bool explicit_form) {
+  const Dims& d = c.d;
+  ModelCache mc;
+  mc.paging = make_paging(c.seqlens);
+  mc.groups = explicit_form ? d.G : 1;
+  mc.n_k = explicit_form ? d.d_c : d.r;
+  mc.n_v = explicit_form ? d.d_v : d.r;
+  mc.scaled = !explicit_form && d.cache == Store::E4M3;
+  const size_t slots = size_t(mc.paging.num_pages) * kPage;
+  mc.k.assign(slots * size_t(mc.groups) * size_t(mc.n_k), qk_nan());
+  if (explicit_form) mc.v.assign(slots * size_t(mc.groups) * size_t(mc.n_v), qk_nan());
+  mc.scale.assign(mc.scaled ? slots : 0, qk_nan());
+  mc.rope.assign(slots * size_t(d.d_r), qk_nan());
+  mc.alpha_k.assign(slots * size_t(d.G), qk_nan());
+  const int kc = d.G * d.d_c, vc = d.G * d.d_v, half = d.d_r / 2;
+  const bool fp8 = d.cache == Store::E4M3;
+  for (int b = 0; b < d.B; ++b) {
+    const int T = c.seqlens[size_t(b)];
+    const float* crows = &c.kv_c[size_t(b) * d.t_max * d.r];
+    std::vector<float> keys(size_t(T) * kc), vals(explicit_form ? size_t(T) * vc : 0);
+    project_rows(crows, T, d.r, c.w_uk.data(), kc, keys.data());
+    if (explicit_form) project_rows(crows, T, d.r, c.w_uv.data(), vc, vals.data());
+    for (int t = 0; t < T; ++t) {
+      const size_t bt = size_t(b) * d.t_max + size_t(t);
+      const size_t slot = size_t(mc.paging.block_table[size_t(b) * mc.paging.max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage);
+      const float sc = fp8 ? c.kv_c_scale[bt] : 1.0f;
+      float* key = &keys[size_t(t) * kc];
+      if (fp8) for (int j = 0; j < kc; ++j) key[j] = key[j] * sc;  // the key of the dequantized row
+      float* z = &mc.rope[slot * size_t(d.d_r)];
+      std::copy_n(&c.k_pe[bt * d.d_r], d.d_r, z);
+      const float share = append_rope(d, z, c.g_rk.data(), &c.rope_cos[size_t(t) * half], &c.rope_sin[size_t(t) * half]);
+      for (int g = 0; g < d.G; ++g) {
+        const float a = append_alpha_k(d, key + size_t(g) * d.d_c, share);
+        mc.alpha_k[slot * d.G + size_t(g)] = a;
+        if (!explicit_form) continue;
+        float* kout = &mc.k[(slot * d.G + size_t(g)) * d.d_c];
+        explicit_key_content(d, key + size_t(g) * d.d_c, c.g_k.data(), a, kout);
+        const float* v = &vals[size_t(t) * vc + size_t(g) * d.d_v];
+        float* vout = &mc.v[(slot * d.G + size_t(g)) * d.d_v];
+        for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
+      }
+      if (!explicit_form) {
+        std::copy_n(crows + size_t(t) * d.r, d.r, &mc.k[slot * size_t(d.r)]);
+        if (mc.scaled) mc.scale[slot] = sc;
+      }
+    }
+  }
+  return mc;
+}
+
+}  // namespace qkmla::gpu

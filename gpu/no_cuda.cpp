@@ -1,0 +1,22 @@
+// The device half of the API when no CUDA toolkit was found at configure time: every device entry
+// point says so; the CPU model (model.cpp) is always built.
+#include <stdexcept>
+
+#include "qkmla_gpu.hpp"
+
+namespace qkmla::gpu {
+
+namespace {
+const char* kWhy = "no CUDA device: this build has no CUDA toolkit (nvcc was not found when configuring)";
+}
+
+bool device_available(std::string* why) {
+  if (why) *why = kWhy;
+  return false;
+}
+int device_sm_count() { return 0; }
+std::string device_description() { return ""; }
+GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime_error(kWhy); }
+std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) { throw std::runtime_error(kWhy); }
+
+}  // namespace qkmla::gpu

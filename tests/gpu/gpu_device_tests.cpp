@@ -1,0 +1,126 @@
+// GPU tests (ctest label `gpu`): the kernels against their CPU model, bit for bit, and a bench
+// smoke run. Without a CUDA device: prints why and returns 77 (ctest SKIP_RETURN_CODE).
+//   gpu_device_tests bits   every profile x split boundaries x S_q x norms x forms x plans
+//   gpu_device_tests bench  a short `run_bench` (two contexts)
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#define DOCTEST_CONFIG_DISABLE  // helpers.hpp only; this runner is not a doctest binary
+#include "helpers.hpp"
+#include "impl/gpu_impl.hpp"
+#include "qkmla_gpu.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+struct Diff {
+  size_t total = 0, differ = 0;
+  std::string first;
+};
+
+void diff(const char* name, const std::vector<float>& dev, const std::vector<float>& mod, Diff& d) {
+  if (dev.size() != mod.size()) {
+    d.differ += std::max(dev.size(), mod.size());
+    d.first = std::string(name) + ": sizes differ";
+    return;
+  }
+  for (size_t i = 0; i < dev.size(); ++i, ++d.total) {
+    const bool same = (std::isnan(dev[i]) && std::isnan(mod[i])) || std::memcmp(&dev[i], &mod[i], 4) == 0;
+    if (!same && d.differ++ == 0)
+      d.first = std::string(name) + "[" + std::to_string(i) + "] device " + std::to_string(dev[i]) + " model " +
+                std::to_string(mod[i]);
+  }
+}
+
+MlaConfig config(const std::string& preset, Profile p, std::vector<int> seqlens, int sq, NormMode norm, uint64_t seed) {
+  MlaConfig c = test::tiny_config(p, std::move(seqlens), sq, norm, seed, preset);
+  c.set_default_scale();
+  return c;
+}
+
+int bits() {
+  int failures = 0, runs = 0;
+  const int sms = gpu::device_sm_count();
+  struct Shape {
+    std::string preset;
+    std::vector<int> seqlens;
+  };
+  const std::vector<Shape> shapes = {{"tiny", {1, 0}}, {"tiny", {63, 64}}, {"tiny", {65, 0, 5}},
+                                     {"tiny", {3 * 64 + 5}}, {"paper-decode", {4096, 0, 130}}, {"paper-g8", {1000}}};
+  for (Profile p : {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
+    for (const Shape& sh : shapes)
+      for (int sq : {1, 2, 4})
+        for (NormMode norm : {NormMode::Blockwise, NormMode::Unified})
+          for (bool ex : {false, true})
+            for (int pps : {0, 1, 3}) {
+              bool ok = true;
+              for (int T : sh.seqlens) ok = ok && (T == 0 || T >= sq);
+              if (!ok || (ex && norm == NormMode::Unified)) continue;
+              if (sh.preset != "tiny" && (pps != 0 || norm == NormMode::Unified)) continue;  // keep it short
+              const Case k = generate_case(config(sh.preset, p, sh.seqlens, sq, norm, uint64_t(runs + 1)));
+              const gpu::GpuCase gc = impl::to_gpu_case(k);
+              gpu::RunOptions o;
+              o.explicit_form = ex;
+              o.pages_per_split = pps;
+              o.sm_count = sms;
+              const gpu::GpuOutputs d = gpu::run_on_device(gc, o), m = gpu::run_model(gc, o);
+              Diff df;
+              diff("out", d.out, m.out, df);
+              diff("lse", d.lse, m.lse, df);
+              diff("latent_out", d.latent_out, m.latent_out, df);
+              diff("alpha_q", d.alpha_q, m.alpha_q, df);
+              diff("alpha_k", d.alpha_k, m.alpha_k, df);
+              ++runs;
+              std::printf("%-6s %-13s seqlens %-14s S_q %d %-9s %-8s pps %d splits %3d: %s\n", to_string(p).c_str(),
+                          sh.preset.c_str(), [&] {
+                            std::string s;
+                            for (int T : sh.seqlens) s += (s.empty() ? "" : ",") + std::to_string(T);
+                            return s;
+                          }().c_str(), sq, to_string(norm).c_str(), ex ? "explicit" : "absorbed", d.pages_per_split,
+                          d.max_splits,
+                          df.differ == 0 ? ("bit-identical (" + std::to_string(df.total) + " elements)").c_str()
+                                         : (std::to_string(df.differ) + " of " + std::to_string(df.total) +
+                                            " differ; first " + df.first).c_str());
+              if (df.differ) ++failures;
+            }
+  std::printf("gpu.kernels_match_model: %d of %d runs differ\n", failures, runs);
+  return failures ? 1 : 0;
+}
+
+int bench() {
+  gpu::BenchOptions o;
+  o.contexts = {4096, 65536};
+  o.reps = 10;
+  o.warmup = 3;
+  std::string device;
+  const auto rows = gpu::run_bench(o, &device);
+  for (const auto& r : rows)
+    std::printf("bench %s context %d: qk-norm %.4f ms, plain %.4f ms, overhead %+.2f %%, %.0f GB/s\n", device.c_str(),
+                r.context, r.ms_norm, r.ms_plain, r.overhead_pct, r.gbs_norm);
+  return rows.size() == 2 && rows[0].ms_norm > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (!gpu::device_available(&why)) {
+    std::cout << "SKIP: " << why << "\n";
+    return 77;
+  }
+  std::cout << "device: " << gpu::device_description() << "\n";
+  const std::string what = argc > 1 ? argv[1] : "bits";
+  try {
+    if (what == "bits") return bits();
+    if (what == "bench") return bench();
+  } catch (const std::exception& e) {
+    std::cout << "FAIL: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "usage: gpu_device_tests bits|bench\n";
+  return 2;
+}
