@@ -26,7 +26,7 @@ constexpr int kValueCols = kMaxRank / kDecodeThreads;  // value columns per thre
 // page's tokens (lane partials + butterfly), 16 threads update the rows' online softmax, and every
 // thread updates its value columns of all 16 rows. Tokens at or past T_b are never loaded.
 template <Store KS, Store D>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs a) {
+__global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a) {
   using KB = Bits<KS>;
   using DB = Bits<D>;
   __shared__ float q_s[kRowsPerBlock][kMaxRank], qr_s[kRowsPerBlock][kMaxRope];

@@ -17,6 +17,8 @@
 
 #include "io/case_io.hpp"
 #include "io/safetensors.hpp"
+#include "impl/gpu_impl.hpp"
+#include "impl/kernel_level.hpp"
 #include "qkmla_gpu.hpp"
 
 namespace {
@@ -47,7 +49,7 @@ TEST_CASE("cli.report.tiny_lists_every_profile") {
   const Run r = run("report --preset tiny --seqlens 0,9 --sq 2");
   CAPTURE(r.out);
   CHECK(r.code == 0);
-  for (const char* p : {"fp64", "fp32", "bf16", "fp16"}) {
+  for (const char* p : {"fp64", "fp32", "bf16", "fp16", "fp8"}) {
     CHECK(r.out.find(std::string("-- profile ") + p + " --") != std::string::npos);
     CHECK(r.out.find(std::string("cpu.absorbed.") + p) != std::string::npos);
     CHECK(r.out.find(std::string("cpu.explicit.") + p) != std::string::npos);
@@ -355,4 +357,43 @@ TEST_CASE("cli.report_fp8_and_gpu_rows") {
   } else {
     CHECK(impls.count("gpu.absorbed.fp8") == 1);
   }
+}
+
+TEST_CASE("cli.golden_audit.fp8_module_and_kernel_level") {
+  // fp8 cases carry e4m3 codes and per-token scales; a third party (here: the GPU kernels' model at
+  // module level, cpu.kernel at kernel level) is judged against the reference on the dequantized
+  // cache. Ignoring the scales must fail the audit.
+  const std::string dir = "/tmp/qkmla_cli_fp8_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  REQUIRE(run("golden --preset tiny --profile fp8 --seqlens 0,70 --sq 2 -o " + dir + "/m.safetensors").code == 0);
+  const qkmla::CaseFile m = qkmla::read_case(dir + "/m.safetensors");
+  REQUIRE(m.k.get("kv_c").dtype == qkmla::DType::F8_E4M3);
+  auto write_outputs = [&](const qkmla::gpu::GpuOutputs& g, const std::string& path) {
+    const qkmla::Outputs o = qkmla::impl::from_gpu(m.k, g, "x");
+    qkmla::SafetensorsFile f;
+    f.tensors["out"] = o.tensors.at("out");
+    f.tensors["lse"] = o.tensors.at("lse");
+    qkmla::write_safetensors(path, f);
+  };
+  const qkmla::gpu::GpuCase gc = qkmla::impl::to_gpu_case(m.k);
+  write_outputs(qkmla::gpu::run_model(gc, {}), dir + "/good.safetensors");
+  Run r = run("audit " + dir + "/m.safetensors " + dir + "/good.safetensors --label gpu_model");
+  CAPTURE(r.out);
+  CHECK(r.code == 0);
+  qkmla::gpu::GpuCase no_scale = gc;
+  for (float& s : no_scale.kv_c_scale) s = std::isnan(s) ? s : 1.0f;
+  write_outputs(qkmla::gpu::run_model(no_scale, {}), dir + "/bad.safetensors");
+  CHECK(run("audit " + dir + "/m.safetensors " + dir + "/bad.safetensors").code == 1);
+
+  REQUIRE(run("golden --preset tiny --profile fp8 --level kernel --seqlens 0,70 --sq 2 -o " + dir + "/k.safetensors").code == 0);
+  const qkmla::CaseFile k = qkmla::read_case(dir + "/k.safetensors");
+  REQUIRE(k.k.has("kv_c_scale"));
+  const qkmla::Outputs ko = qkmla::impl::cpu_kernel(k.k);
+  qkmla::SafetensorsFile f;
+  f.tensors["latent_out"] = ko.tensors.at("latent_out");
+  f.tensors["lse"] = ko.tensors.at("lse");
+  qkmla::write_safetensors(dir + "/ko.safetensors", f);
+  r = run("audit " + dir + "/k.safetensors " + dir + "/ko.safetensors");
+  CAPTURE(r.out);
+  CHECK(r.code == 0);
 }

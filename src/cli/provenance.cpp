@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "qkmla_gpu.hpp"
@@ -25,6 +26,7 @@ std::string run(const std::string& cmd) {
 
 std::string provenance(const std::string& command_line, int threads) {
   std::string commit = run("git -C '" QKMLA_SOURCE_DIR "' describe --always --dirty --abbrev=12 2>/dev/null");
+  if (commit.empty() && std::getenv("QKMLA_COMMIT")) commit = std::getenv("QKMLA_COMMIT");  // a copied tree
   if (commit.empty()) commit = "unknown (not a git checkout)";
   char date[32];
   const std::time_t now = std::time(nullptr);

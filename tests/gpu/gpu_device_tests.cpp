@@ -60,7 +60,8 @@ int bits() {
               bool ok = true;
               for (int T : sh.seqlens) ok = ok && (T == 0 || T >= sq);
               if (!ok || (ex && norm == NormMode::Unified)) continue;
-              if (sh.preset != "tiny" && (pps != 0 || norm == NormMode::Unified)) continue;  // keep it short
+              // Real shapes: the default plan, blockwise, S_q 1 and 4 (4: several row blocks); keeps it short.
+              if (sh.preset != "tiny" && (pps != 0 || norm == NormMode::Unified || sq == 2)) continue;
               const Case k = generate_case(config(sh.preset, p, sh.seqlens, sq, norm, uint64_t(runs + 1)));
               const gpu::GpuCase gc = impl::to_gpu_case(k);
               gpu::RunOptions o;
