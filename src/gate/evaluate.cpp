@@ -7,6 +7,7 @@
 #include "impl/cpu_impls.hpp"
 #include "mp.hpp"
 #include "reference.hpp"
+#include "report/report_gpu.hpp"
 
 namespace qkmla {
 
@@ -44,6 +45,12 @@ std::vector<Outputs> run_impls(const Case& k, const std::vector<std::string>& pa
   for (impl::Mutant m : impl::all_mutants())
     if (wanted("mutant." + impl::mutant_name(m)) && impl::mutant_not_applicable(m, k.cfg).empty())
       out.push_back(impl::cpu_mutant(k, m));
+  // The GPU kernels' CPU model (ids gpu.model[.explicit].<profile>; no fp64 profile).
+  if (wanted("gpu.model") || wanted("gpu.model.explicit")) {
+    const std::string suffix = "." + to_string(k.cfg.profile);
+    for (Outputs& o : gpu_model_outputs(k))
+      if (wanted(o.impl.substr(0, o.impl.size() - suffix.size()))) out.push_back(std::move(o));
+  }
   return out;
 }
 
