@@ -22,6 +22,10 @@ int device_sm_count() {
   return p.multiProcessorCount;
 }
 
+#define QK_STR2(...) #__VA_ARGS__
+#define QK_STR(...) QK_STR2(__VA_ARGS__)
+std::string compiled_arch_list() { return QK_STR(__CUDA_ARCH_LIST__); }
+
 std::string device_description() {
   if (!device_available(nullptr)) return "";
   cudaDeviceProp p{};

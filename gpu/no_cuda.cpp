@@ -16,6 +16,7 @@ bool device_available(std::string* why) {
 }
 int device_sm_count() { return 0; }
 std::string device_description() { return ""; }
+std::string compiled_arch_list() { return ""; }
 GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime_error(kWhy); }
 std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) { throw std::runtime_error(kWhy); }
 

@@ -53,6 +53,9 @@ bool device_available(std::string* why);
 GpuOutputs run_on_device(const GpuCase& c, const RunOptions& o);
 // The device's multiprocessor count (for the model's split plan); 0 without a device.
 int device_sm_count();
+// The architectures the kernels were compiled for, as nvcc's __CUDA_ARCH_LIST__ ("800,900"; the
+// sm_90a build reports 900); empty in a build without CUDA.
+std::string compiled_arch_list();
 // "NVIDIA H200, sm_90, 132 SMs, driver 13.0, runtime 13.0", or empty without a device.
 std::string device_description();
 

@@ -232,3 +232,16 @@ TEST_CASE("gpu.model.scenarios") {
     }
   }
 }
+
+TEST_CASE("gpu.build.kernels_compiled_for_sm80_and_sm90") {
+#ifdef QKMLA_HAS_CUDA
+  // CMake builds the kernels for sm_90a (H200) and sm_80 whenever nvcc is found (CI has nvcc).
+  const std::string archs = gpu::compiled_arch_list();
+  CAPTURE(archs);
+  CHECK(archs.find("900") != std::string::npos);
+  CHECK(archs.find("800") != std::string::npos);
+#else
+  MESSAGE("built without nvcc: no kernels, only their CPU model");
+  CHECK(gpu::compiled_arch_list().empty());
+#endif
+}
