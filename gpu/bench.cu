@@ -13,7 +13,8 @@ namespace {
 // Deterministic pseudo-random fill: value = lo + (hi - lo) * hash(i) / 2^32, stored in format S.
 template <Store S>
 __global__ void fill_kernel(typename Bits<S>::T* p, size_t n, float lo, float hi, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;
     h ^= h >> 16;
     h *= 0x85ebca6bu;
@@ -52,7 +53,8 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
   std::vector<BenchRow> rows;
   for (int ctx : bo.contexts) {
     Dims d;
-    d.B = bo.batch, d.S_q = 1, d.H = bo.heads, d.G = bo.groups, d.r = bo.r, d.d_c = bo.d_c, d.d_r = bo.d_r;
+    d.B = bo.batch, d.S_q = 1, d.H = bo.heads, d.G = bo.groups, d.r = bo.r, d.d_c = bo.d_c,
+    d.d_r = bo.d_r;
     d.d_v = bo.d_c, d.t_max = ctx, d.eps = 1e-6f, d.scale = 1.0f / sqrtf(float(bo.d_c + bo.d_r));
     d.stored = d.cache = Store::BF16;
     const std::vector<int> seqlens(size_t(d.B), ctx);
@@ -61,18 +63,45 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
     const SplitPlan plan = make_plan(seqlens, rb.count, prop.multiProcessorCount, 0);
     const int R = d.H;
     const size_t slots = size_t(pg.num_pages) * kPage, BR = size_t(d.B) * R;
-    const DevBuf seq = upload(seqlens), bt = upload(pg.block_table), rws = upload(rb.rows), rgroup = upload(rb.group);
-    const DevBuf kc = random_buffer<Store::BF16>(slots * d.r, -1.0f, 1.0f, 1), kr = random_buffer<Store::BF16>(slots * d.d_r, -1.0f, 1.0f, 2);
-    const DevBuf ak = random_buffer<Store::F32>(slots * d.G, 0.5f, 1.5f, 3), aq = random_buffer<Store::F32>(BR, 0.5f, 1.5f, 4);
-    const DevBuf q = random_buffer<Store::BF16>(BR * d.r, -0.1f, 0.1f, 5), qr = random_buffer<Store::BF16>(BR * d.d_r, -1.0f, 1.0f, 6);
-    DevBuf o_part(BR * plan.max_splits * d.r * 4), lse_part(BR * plan.max_splits * 4), latent(BR * d.r * 4), lse(BR * 4);
+    const DevBuf seq = upload(seqlens), bt = upload(pg.block_table), rws = upload(rb.rows),
+                 rgroup = upload(rb.group);
+    const DevBuf kc = random_buffer<Store::BF16>(slots * d.r, -1.0f, 1.0f, 1),
+                 kr = random_buffer<Store::BF16>(slots * d.d_r, -1.0f, 1.0f, 2);
+    const DevBuf ak = random_buffer<Store::F32>(slots * d.G, 0.5f, 1.5f, 3),
+                 aq = random_buffer<Store::F32>(BR, 0.5f, 1.5f, 4);
+    const DevBuf q = random_buffer<Store::BF16>(BR * d.r, -0.1f, 0.1f, 5),
+                 qr = random_buffer<Store::BF16>(BR * d.d_r, -1.0f, 1.0f, 6);
+    DevBuf o_part(BR * plan.max_splits * d.r * 4), lse_part(BR * plan.max_splits * 4),
+        latent(BR * d.r * 4), lse(BR * 4);
     auto step = [&](bool norm) {
-      const DecodeArgs da{d, norm, d.r, d.r, 1, plan.pages_per_split, plan.max_splits, pg.max_pages, seq.get<int>(),
-                          bt.get<int>(), rws.get<int>(), rgroup.get<int>(), q.get(), qr.get(), aq.get<float>(), kc.get(),
-                          kc.get(), nullptr, kr.get(), ak.get<float>(), o_part.get<float>(), lse_part.get<float>()};
-      decode_kernel<Store::BF16, Store::BF16><<<dim3(unsigned(d.B), unsigned(plan.max_splits), unsigned(rb.count)), kDecodeThreads>>>(da);
-      combine_kernel<><<<unsigned(BR), 128>>>(CombineArgs{R, d.r, plan.pages_per_split, plan.max_splits, seq.get<int>(),
-                                                        o_part.get<float>(), lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
+      const DecodeArgs da{d,
+                          norm,
+                          d.r,
+                          d.r,
+                          1,
+                          plan.pages_per_split,
+                          plan.max_splits,
+                          pg.max_pages,
+                          seq.get<int>(),
+                          bt.get<int>(),
+                          rws.get<int>(),
+                          rgroup.get<int>(),
+                          q.get(),
+                          qr.get(),
+                          aq.get<float>(),
+                          kc.get(),
+                          kc.get(),
+                          nullptr,
+                          kr.get(),
+                          ak.get<float>(),
+                          o_part.get<float>(),
+                          lse_part.get<float>()};
+      decode_kernel<Store::BF16, Store::BF16>
+          <<<dim3(unsigned(d.B), unsigned(plan.max_splits), unsigned(rb.count)), kDecodeThreads>>>(
+              da);
+      combine_kernel<><<<unsigned(BR), 128>>>(CombineArgs{
+          R, d.r, plan.pages_per_split, plan.max_splits, seq.get<int>(), o_part.get<float>(),
+          lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
     };
     cudaEvent_t e0, e1;
     QK_CUDA(cudaEventCreate(&e0));

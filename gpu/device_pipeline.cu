@@ -9,7 +9,9 @@ bool device_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why) *why = e != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(e) + ")" : "no CUDA device";
+    if (why)
+      *why = e != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(e) + ")"
+                              : "no CUDA device";
     return false;
   }
   return true;
@@ -34,8 +36,9 @@ std::string device_description() {
   cudaDriverGetVersion(&drv);
   cudaRuntimeGetVersion(&rt);
   return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
-         std::to_string(p.multiProcessorCount) + " SMs, driver " + std::to_string(drv / 1000) + "." +
-         std::to_string(drv % 1000 / 10) + ", runtime " + std::to_string(rt / 1000) + "." + std::to_string(rt % 1000 / 10);
+         std::to_string(p.multiProcessorCount) + " SMs, driver " + std::to_string(drv / 1000) +
+         "." + std::to_string(drv % 1000 / 10) + ", runtime " + std::to_string(rt / 1000) + "." +
+         std::to_string(rt % 1000 / 10);
 }
 
 namespace {
@@ -57,48 +60,75 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
   const int R = d.S_q * d.H, n_k = ex ? d.d_c : d.r, n_v = ex ? d.d_v : d.r;
   const size_t BR = size_t(d.B) * R, slots = size_t(std::max(pg.num_pages, 1)) * kPage;
   const size_t splits = size_t(std::max(plan.max_splits, 1));
-  const DevBuf seq = upload(c.seqlens), bt = upload(pg.block_table), rows = upload(rb.rows), rgroup = upload(rb.group);
-  const DevBuf q_nope = upload(c.q_nope), q_pe = upload(c.q_pe), g_q = upload(c.g_q), g_k = upload(c.g_k),
-               g_rq = upload(c.g_rq), g_rk = upload(c.g_rk), cs = upload(c.rope_cos), sn = upload(c.rope_sin),
-               k_pe = upload(c.k_pe), kv_scale = upload(c.kv_c_scale);
+  const DevBuf seq = upload(c.seqlens), bt = upload(pg.block_table), rows = upload(rb.rows),
+               rgroup = upload(rb.group);
+  const DevBuf q_nope = upload(c.q_nope), q_pe = upload(c.q_pe), g_q = upload(c.g_q),
+               g_k = upload(c.g_k), g_rq = upload(c.g_rq), g_rk = upload(c.g_rk),
+               cs = upload(c.rope_cos), sn = upload(c.rope_sin), k_pe = upload(c.k_pe),
+               kv_scale = upload(c.kv_c_scale);
   const DevBuf w_uk = upload_as<D>(c.w_uk), w_uv = upload_as<D>(c.w_uv), kv = upload_as<C>(c.kv_c);
-  DevBuf q(BR * n_k * sizeof(typename Bits<D>::T)), qrope(BR * d.d_r * sizeof(typename Bits<D>::T) + 4),
-      alpha_q(BR * 4);
+  DevBuf q(BR * n_k * sizeof(typename Bits<D>::T)),
+      qrope(BR * d.d_r * sizeof(typename Bits<D>::T) + 4), alpha_q(BR * 4);
   DevBuf kcache = ex ? nan_buffer<D>(slots * d.G * d.d_c) : nan_buffer<C>(slots * d.r);
   DevBuf vcache = ex ? nan_buffer<D>(slots * d.G * d.d_v) : DevBuf();
   DevBuf kscale = !ex && C == Store::E4M3 ? upload(std::vector<float>(slots, qk_nan())) : DevBuf();
-  DevBuf rope = nan_buffer<D>(slots * d.d_r + 1), alpha_k = upload(std::vector<float>(slots * d.G, qk_nan()));
-  DevBuf o_part(BR * splits * n_v * 4), lse_part(BR * splits * 4), latent(BR * n_v * 4), lse(BR * 4),
-      out(BR * d.d_v * sizeof(typename Bits<D>::T));
+  DevBuf rope = nan_buffer<D>(slots * d.d_r + 1),
+         alpha_k = upload(std::vector<float>(slots * d.G, qk_nan()));
+  DevBuf o_part(BR * splits * n_v * 4), lse_part(BR * splits * 4), latent(BR * n_v * 4),
+      lse(BR * 4), out(BR * d.d_v * sizeof(typename Bits<D>::T));
 
-  query_kernel<D><<<unsigned(BR), 128>>>(QueryArgs{d, ex, seq.get<int>(), q_nope.get<float>(), q_pe.get<float>(),
-      g_q.get<float>(), g_k.get<float>(), g_rq.get<float>(), cs.get<float>(), sn.get<float>(), w_uk.get(), q.get(),
-      qrope.get(), alpha_q.get<float>()});
+  query_kernel<D><<<unsigned(BR), 128>>>(
+      QueryArgs{d, ex, seq.get<int>(), q_nope.get<float>(), q_pe.get<float>(), g_q.get<float>(),
+                g_k.get<float>(), g_rq.get<float>(), cs.get<float>(), sn.get<float>(), w_uk.get(),
+                q.get(), qrope.get(), alpha_q.get<float>()});
   QK_CUDA(cudaGetLastError());
-  append_kernel<D, C><<<dim3(unsigned(d.t_max), unsigned(d.B)), 256>>>(AppendArgs{d, ex, seq.get<int>(), bt.get<int>(),
-      pg.max_pages, kv.get(), kv_scale.get<float>(), k_pe.get<float>(), g_k.get<float>(), g_rk.get<float>(),
-      cs.get<float>(), sn.get<float>(), w_uk.get(), w_uv.get(), kcache.get(), vcache.get(), rope.get(),
-      kscale.get<float>(), alpha_k.get<float>()});
+  append_kernel<D, C><<<dim3(unsigned(d.t_max), unsigned(d.B)), 256>>>(
+      AppendArgs{d, ex, seq.get<int>(), bt.get<int>(), pg.max_pages, kv.get(),
+                 kv_scale.get<float>(), k_pe.get<float>(), g_k.get<float>(), g_rk.get<float>(),
+                 cs.get<float>(), sn.get<float>(), w_uk.get(), w_uv.get(), kcache.get(),
+                 vcache.get(), rope.get(), kscale.get<float>(), alpha_k.get<float>()});
   QK_CUDA(cudaGetLastError());
   cudaEvent_t e0, e1;
   QK_CUDA(cudaEventCreate(&e0));
   QK_CUDA(cudaEventCreate(&e1));
   QK_CUDA(cudaEventRecord(e0));
   if (plan.max_splits > 0) {
-    const DecodeArgs da{d, o.qk_norm && !ex, n_k, n_v, ex ? d.G : 1, plan.pages_per_split, plan.max_splits,
-                        pg.max_pages, seq.get<int>(), bt.get<int>(), rows.get<int>(), rgroup.get<int>(), q.get(),
-                        qrope.get(), alpha_q.get<float>(), kcache.get(), ex ? vcache.get() : kcache.get(),
-                        kscale.get<float>(), rope.get(), alpha_k.get<float>(), o_part.get<float>(), lse_part.get<float>()};
+    const DecodeArgs da{d,
+                        o.qk_norm && !ex,
+                        n_k,
+                        n_v,
+                        ex ? d.G : 1,
+                        plan.pages_per_split,
+                        plan.max_splits,
+                        pg.max_pages,
+                        seq.get<int>(),
+                        bt.get<int>(),
+                        rows.get<int>(),
+                        rgroup.get<int>(),
+                        q.get(),
+                        qrope.get(),
+                        alpha_q.get<float>(),
+                        kcache.get(),
+                        ex ? vcache.get() : kcache.get(),
+                        kscale.get<float>(),
+                        rope.get(),
+                        alpha_k.get<float>(),
+                        o_part.get<float>(),
+                        lse_part.get<float>()};
     const dim3 grid(unsigned(d.B), unsigned(plan.max_splits), unsigned(rb.count));
-    if (ex) decode_kernel<D, D><<<grid, kDecodeThreads>>>(da);
-    else decode_kernel<C, D><<<grid, kDecodeThreads>>>(da);
+    if (ex)
+      decode_kernel<D, D><<<grid, kDecodeThreads>>>(da);
+    else
+      decode_kernel<C, D><<<grid, kDecodeThreads>>>(da);
     QK_CUDA(cudaGetLastError());
   }
-  combine_kernel<><<<unsigned(BR), 128>>>(CombineArgs{R, n_v, plan.pages_per_split, int(splits), seq.get<int>(),
-      o_part.get<float>(), lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
+  combine_kernel<><<<unsigned(BR), 128>>>(
+      CombineArgs{R, n_v, plan.pages_per_split, int(splits), seq.get<int>(), o_part.get<float>(),
+                  lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
   QK_CUDA(cudaGetLastError());
   QK_CUDA(cudaEventRecord(e1));
-  upproj_kernel<D><<<unsigned(BR), 128>>>(UpArgs{d, ex, latent.get<float>(), w_uv.get(), out.get()});
+  upproj_kernel<D>
+      <<<unsigned(BR), 128>>>(UpArgs{d, ex, latent.get<float>(), w_uv.get(), out.get()});
   QK_CUDA(cudaGetLastError());
   QK_CUDA(cudaDeviceSynchronize());
   float ms = 0;
@@ -124,7 +154,10 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
     for (int t = 0; t < c.seqlens[size_t(b)]; ++t)
       for (int g = 0; g < d.G; ++g)
         r.alpha_k[(size_t(b) * d.t_max + size_t(t)) * d.G + size_t(g)] =
-            ak[(size_t(pg.block_table[size_t(b) * pg.max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage)) * d.G + size_t(g)];
+            ak[(size_t(pg.block_table[size_t(b) * pg.max_pages + size_t(t / kPage)]) * kPage +
+                size_t(t % kPage)) *
+                   d.G +
+               size_t(g)];
   return r;
 }
 
@@ -135,10 +168,14 @@ GpuOutputs run_on_device(const GpuCase& c, const RunOptions& o) {
   if (!device_available(&why)) throw std::runtime_error(why);
   QK_CUDA(cudaSetDevice(0));
   switch (c.d.cache) {
-    case Store::F32: return pipeline<Store::F32, Store::F32>(c, o);
-    case Store::F16: return pipeline<Store::F16, Store::F16>(c, o);
-    case Store::E4M3: return pipeline<Store::BF16, Store::E4M3>(c, o);
-    default: return pipeline<Store::BF16, Store::BF16>(c, o);
+    case Store::F32:
+      return pipeline<Store::F32, Store::F32>(c, o);
+    case Store::F16:
+      return pipeline<Store::F16, Store::F16>(c, o);
+    case Store::E4M3:
+      return pipeline<Store::BF16, Store::E4M3>(c, o);
+    default:
+      return pipeline<Store::BF16, Store::BF16>(c, o);
   }
 }
 

@@ -11,7 +11,8 @@
 namespace qkmla::gpu {
 
 inline void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 #define QK_CUDA(call) ::qkmla::gpu::cuda_check((call), #call)
 
@@ -33,7 +34,10 @@ class DevBuf {
   ~DevBuf() {
     if (p_) cudaFree(p_);
   }
-  template <class T = void> T* get() const { return static_cast<T*>(p_); }
+  template <class T = void>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -11,23 +11,28 @@
 namespace qkmla::gpu {
 
 // Storage bits of each format and their exact conversion to fp32.
-template <Store S> struct Bits;
-template <> struct Bits<Store::F32> {
+template <Store S>
+struct Bits;
+template <>
+struct Bits<Store::F32> {
   using T = float;
   static QK_HD float ld(T v) { return v; }
   static QK_HD T enc(float x) { return x; }
 };
-template <> struct Bits<Store::BF16> {
+template <>
+struct Bits<Store::BF16> {
   using T = uint16_t;
   static QK_HD float ld(T v) { return bf16_to_float(v); }
   static QK_HD T enc(float x) { return float_to_bf16(x); }
 };
-template <> struct Bits<Store::F16> {
+template <>
+struct Bits<Store::F16> {
   using T = uint16_t;
   static QK_HD float ld(T v) { return half_to_float(v); }
   static QK_HD T enc(float x) { return float_to_half(x); }
 };
-template <> struct Bits<Store::E4M3> {
+template <>
+struct Bits<Store::E4M3> {
   using T = uint8_t;
   static QK_HD float ld(T v) { return e4m3_to_float(v); }
   static QK_HD T enc(float x) { return float_to_e4m3(x); }
@@ -49,9 +54,9 @@ struct QueryArgs {
   bool explicit_form;
   const int* seqlens;
   const float *q_nope, *q_pe, *g_q, *g_k, *g_rq, *rope_cos, *rope_sin;  // fp32 values
-  const void* w_uk;                                                      // [r, G*d_c] stored
-  void *q, *q_rope;                                                      // [B, R, n_k], [B, R, d_r] stored
-  float* alpha_q;                                                        // [B, R]
+  const void* w_uk;                                                     // [r, G*d_c] stored
+  void *q, *q_rope;  // [B, R, n_k], [B, R, d_r] stored
+  float* alpha_q;    // [B, R]
 };
 
 // One block per query row. Thread 0 runs query_row (a short sequential stage); then the threads
@@ -68,15 +73,16 @@ __global__ void query_kernel(QueryArgs a) {
   if (threadIdx.x == 0) {
     const float* cs = pos >= 0 ? a.rope_cos + size_t(pos) * half : nullptr;
     const float* sn = pos >= 0 ? a.rope_sin + size_t(pos) * half : nullptr;
-    aq = query_row(d, a.q_nope + size_t(br) * d.d_c, a.q_pe + size_t(br) * d.d_r, a.g_q, a.g_k, a.g_rq, cs, sn,
-                   pos >= 0, w, qr);
+    aq = query_row(d, a.q_nope + size_t(br) * d.d_c, a.q_pe + size_t(br) * d.d_r, a.g_q, a.g_k,
+                   a.g_rq, cs, sn, pos >= 0, w, qr);
     a.alpha_q[br] = aq;
     if (a.explicit_form) explicit_query_content(d, a.q_nope + size_t(br) * d.d_c, a.g_q, aq, w);
   }
   __syncthreads();
   auto* q = static_cast<typename DB::T*>(a.q);
   auto* qrope = static_cast<typename DB::T*>(a.q_rope);
-  for (int j = threadIdx.x; j < d.d_r; j += blockDim.x) qrope[size_t(br) * d.d_r + j] = DB::enc(qr[j]);
+  for (int j = threadIdx.x; j < d.d_r; j += blockDim.x)
+    qrope[size_t(br) * d.d_r + j] = DB::enc(qr[j]);
   if (a.explicit_form) {
     for (int j = threadIdx.x; j < d.d_c; j += blockDim.x) q[size_t(br) * d.d_c + j] = DB::enc(w[j]);
     return;
@@ -95,10 +101,10 @@ struct AppendArgs {
   bool explicit_form;
   const int *seqlens, *block_table;
   int max_pages;
-  const void* kv_c;                                  // [B, t_max, r] cache format (dense input)
+  const void* kv_c;  // [B, t_max, r] cache format (dense input)
   const float *kv_c_scale, *k_pe, *g_k, *g_rk, *rope_cos, *rope_sin;
-  const void *w_uk, *w_uv;                           // stored
-  void *k, *v, *rope;                                // paged outputs (v: explicit only)
+  const void *w_uk, *w_uv;  // stored
+  void *k, *v, *rope;       // paged outputs (v: explicit only)
   float *kscale, *alpha_k;
 };
 
@@ -113,7 +119,8 @@ __global__ void append_kernel(AppendArgs a) {
   const Dims& d = a.d;
   const int t = blockIdx.x, b = blockIdx.y;
   if (t >= a.seqlens[b]) return;
-  const size_t bt = size_t(b) * d.t_max + size_t(t), slot = slot_of(a.block_table, a.max_pages, b, t);
+  const size_t bt = size_t(b) * d.t_max + size_t(t),
+               slot = slot_of(a.block_table, a.max_pages, b, t);
   const auto* cin = static_cast<const typename CB::T*>(a.kv_c) + bt * d.r;
   for (int l = threadIdx.x; l < d.r; l += blockDim.x) crow[l] = CB::ld(cin[l]);
   if (threadIdx.x == 0) {
@@ -143,7 +150,8 @@ __global__ void append_kernel(AppendArgs a) {
     if (a.explicit_form) {
       auto* kout = static_cast<typename DB::T*>(a.k) + (slot * d.G + g) * d.d_c;
       auto* vout = static_cast<typename DB::T*>(a.v) + (slot * d.G + g) * d.d_v;
-      for (int j = threadIdx.x; j < d.d_c; j += blockDim.x) kout[j] = DB::enc((key[j] * a.g_k[j]) * alpha);
+      for (int j = threadIdx.x; j < d.d_c; j += blockDim.x)
+        kout[j] = DB::enc((key[j] * a.g_k[j]) * alpha);
       for (int j = threadIdx.x; j < d.d_v; j += blockDim.x) {
         const auto* col = wv + size_t(g) * d.d_v + j;
         float v = project(crow, d.r, [&](int l) { return DB::ld(col[size_t(l) * d.G * d.d_v]); });

@@ -6,16 +6,16 @@ namespace qkmla::gpu {
 // ---------------------------------------------------------------- K.4-K.6: split-KV decode
 struct DecodeArgs {
   Dims d;
-  bool qk_norm;             // false: plain MLA (bench baseline) and the explicit form
-  int n_k, n_v, kgroups;    // key / value widths; groups in the K/V cache (1: latent, G: explicit)
+  bool qk_norm;           // false: plain MLA (bench baseline) and the explicit form
+  int n_k, n_v, kgroups;  // key / value widths; groups in the K/V cache (1: latent, G: explicit)
   int pages_per_split, max_splits, max_pages;
   const int *seqlens, *block_table, *rows, *row_group;  // rows: [blocks, 16] (plan.hpp)
-  const void *q, *q_rope;   // [B, R, n_k], [B, R, d_r] stored
-  const float* alpha_q;     // [B, R]
-  const void *k, *v;        // [slots, kgroups, n_k|n_v] in the key format (v == k: absorbed)
-  const float* kscale;      // [slots] fp8 latent cache; null otherwise
-  const void* rope;         // [slots, d_r] stored
-  const float* alpha_k;     // [slots, G]
+  const void *q, *q_rope;                               // [B, R, n_k], [B, R, d_r] stored
+  const float* alpha_q;                                 // [B, R]
+  const void *k, *v;         // [slots, kgroups, n_k|n_v] in the key format (v == k: absorbed)
+  const float* kscale;       // [slots] fp8 latent cache; null otherwise
+  const void* rope;          // [slots, d_r] stored
+  const float* alpha_k;      // [slots, G]
   float *o_part, *lse_part;  // [B, R, max_splits, n_v], [B, R, max_splits]
 };
 
@@ -51,8 +51,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
   __syncthreads();
   for (int k = 0; k < kRowsPerBlock; ++k) {
     const size_t br = size_t(b) * R + size_t(row_s[k] < 0 ? 0 : row_s[k]);
-    for (int j = tid; j < a.n_k; j += kDecodeThreads) q_s[k][j] = row_s[k] >= 0 ? DB::ld(q[br * a.n_k + j]) : 0.0f;
-    for (int j = tid; j < d.d_r; j += kDecodeThreads) qr_s[k][j] = row_s[k] >= 0 ? DB::ld(qrope[br * d.d_r + j]) : 0.0f;
+    for (int j = tid; j < a.n_k; j += kDecodeThreads)
+      q_s[k][j] = row_s[k] >= 0 ? DB::ld(q[br * a.n_k + j]) : 0.0f;
+    for (int j = tid; j < d.d_r; j += kDecodeThreads)
+      qr_s[k][j] = row_s[k] >= 0 ? DB::ld(qrope[br * d.d_r + j]) : 0.0f;
   }
   __syncthreads();
   const auto* kc = static_cast<const typename KB::T*>(a.k);
@@ -71,15 +73,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
       const auto* krow = kc + (slot * a.kgroups + kg) * a.n_k;
       float kreg[kMaxRank / 32], rreg[kMaxRope / 32];
 #pragma unroll
-      for (int m = 0; m < kMaxRank / 32; ++m) kreg[m] = lane + 32 * m < a.n_k ? KB::ld(krow[lane + 32 * m]) : 0.0f;
+      for (int m = 0; m < kMaxRank / 32; ++m)
+        kreg[m] = lane + 32 * m < a.n_k ? KB::ld(krow[lane + 32 * m]) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < kMaxRope / 32; ++m) rreg[m] = lane + 32 * m < d.d_r ? DB::ld(kr[slot * d.d_r + lane + 32 * m]) : 0.0f;
+      for (int m = 0; m < kMaxRope / 32; ++m)
+        rreg[m] = lane + 32 * m < d.d_r ? DB::ld(kr[slot * d.d_r + lane + 32 * m]) : 0.0f;
       for (int k = 0; k < kRowsPerBlock; ++k) {
         const int row = row_s[k];
         if (row < 0) continue;
-        float lat = warp_tree(lane_partial<kMaxRank / 32>([&](int j) { return q_s[k][j]; }, [&](int m) { return kreg[m]; }, a.n_k, lane));
+        float lat = warp_tree(lane_partial<kMaxRank / 32>(
+            [&](int j) { return q_s[k][j]; }, [&](int m) { return kreg[m]; }, a.n_k, lane));
         if (a.kscale) lat = lat * a.kscale[slot];
-        const float rope = warp_tree(lane_partial<kMaxRope / 32>([&](int j) { return qr_s[k][j]; }, [&](int m) { return rreg[m]; }, d.d_r, lane));
+        const float rope = warp_tree(lane_partial<kMaxRope / 32>(
+            [&](int j) { return qr_s[k][j]; }, [&](int m) { return rreg[m]; }, d.d_r, lane));
         if (lane == 0) {
           const int i = row / d.H, h = row % d.H;
           const bool visible = !d.causal || t0 + tt <= T - d.S_q + i;
@@ -102,8 +108,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
 #pragma unroll
       for (int k = 0; k < kRowsPerBlock; ++k)
         if (row_s[k] >= 0)
-          acc[k][c] = accumulate_tile(acc[k][c], al_s[k], p_s[k],
-                                      [&](int tt) { return KB::ld(vc[((base + tt) * a.kgroups + kg) * a.n_v + j]); }, n);
+          acc[k][c] = accumulate_tile(
+              acc[k][c], al_s[k], p_s[k],
+              [&](int tt) { return KB::ld(vc[((base + tt) * a.kgroups + kg) * a.n_v + j]); }, n);
     }
     __syncthreads();
   }
@@ -139,8 +146,8 @@ __global__ void combine_kernel(CombineArgs a) {
   const float lse = combine_lse(ls, ns);
   if (threadIdx.x == 0) a.lse[br] = lse;
   for (int j = threadIdx.x; j < a.n_v; j += blockDim.x)
-    a.latent[size_t(br) * a.n_v + j] =
-        combine_element(ls, ns, lse, [&](int s) { return a.o_part[(size_t(br) * a.max_splits + s) * a.n_v + j]; });
+    a.latent[size_t(br) * a.n_v + j] = combine_element(
+        ls, ns, lse, [&](int s) { return a.o_part[(size_t(br) * a.max_splits + s) * a.n_v + j]; });
 }
 
 // ---------------------------------------------------------------- value up-projection
@@ -162,15 +169,18 @@ __global__ void upproj_kernel(UpArgs a) {
   const int br = blockIdx.x, R = d.S_q * d.H, g = d.group_of((br % R) % d.H);
   auto* out = static_cast<typename DB::T*>(a.out);
   if (a.explicit_form) {
-    for (int j = threadIdx.x; j < d.d_v; j += blockDim.x) out[size_t(br) * d.d_v + j] = DB::enc(a.latent[size_t(br) * d.d_v + j]);
+    for (int j = threadIdx.x; j < d.d_v; j += blockDim.x)
+      out[size_t(br) * d.d_v + j] = DB::enc(a.latent[size_t(br) * d.d_v + j]);
     return;
   }
-  for (int l = threadIdx.x; l < d.r; l += blockDim.x) lat[l] = round_store(D, a.latent[size_t(br) * d.r + l]);
+  for (int l = threadIdx.x; l < d.r; l += blockDim.x)
+    lat[l] = round_store(D, a.latent[size_t(br) * d.r + l]);
   __syncthreads();
   const auto* wv = static_cast<const typename DB::T*>(a.w_uv);
   const size_t ld = size_t(d.G) * d.d_v;
   for (int j = threadIdx.x; j < d.d_v; j += blockDim.x)
-    out[size_t(br) * d.d_v + j] = DB::enc(project(lat, d.r, [&](int l) { return DB::ld(wv[size_t(l) * ld + size_t(g) * d.d_v + j]); }));
+    out[size_t(br) * d.d_v + j] = DB::enc(project(
+        lat, d.r, [&](int l) { return DB::ld(wv[size_t(l) * ld + size_t(g) * d.d_v + j]); }));
 }
 
 }  // namespace qkmla::gpu

@@ -111,8 +111,10 @@ QK_HD float e4m3_to_float(uint8_t c) {
   const uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
   float v;
   if ((c & 0x7fu) == 0x7fu) return qk_nan();
-  if (e == 0) v = float(m) * 0.001953125f;  // m * 2^-9
-  else v = u2f(((e + 120u) << 23) | (m << 20));
+  if (e == 0)
+    v = float(m) * 0.001953125f;  // m * 2^-9
+  else
+    v = u2f(((e + 120u) << 23) | (m << 20));
   return (c & 0x80u) ? -v : v;
 }
 
@@ -129,7 +131,7 @@ QK_HD float qk_exp(float x) {
   if (x > 88.0f) return qk_inf();
   const float n = rintf(x * 1.44269504f);
   float r = fmaf(n, -0.693145751953125f, x);  // ln2 high part: 16 bits, n * hi exact
-  r = fmaf(n, -1.428606765330187e-06f, r);     // ln2 low part
+  r = fmaf(n, -1.428606765330187e-06f, r);    // ln2 low part
   float p = 1.0f / 5040.0f;
   p = fmaf(p, r, 1.0f / 720.0f);
   p = fmaf(p, r, 1.0f / 120.0f);
@@ -204,7 +206,8 @@ QK_HD void rotate_pair(float& a, float& b, float c, float s) {
   b = y;
 }
 
-QK_HD void rope_rotate(float* z, int d_r, bool interleaved, const float* cos_row, const float* sin_row) {
+QK_HD void rope_rotate(float* z, int d_r, bool interleaved, const float* cos_row,
+                       const float* sin_row) {
   for (int j = 0; j < d_r / 2; ++j) {
     const int ia = interleaved ? 2 * j : j, ib = interleaved ? 2 * j + 1 : j + d_r / 2;
     rotate_pair(z[ia], z[ib], cos_row[j], sin_row[j]);

@@ -34,8 +34,9 @@ Queries model_queries(const GpuCase& c, bool explicit_form) {
       const int pos = c.seqlens[size_t(b)] - d.S_q + i;
       const float* cs = pos >= 0 ? &c.rope_cos[size_t(pos) * half] : nullptr;
       const float* sn = pos >= 0 ? &c.rope_sin[size_t(pos) * half] : nullptr;
-      const float aq = query_row(d, &c.q_nope[br * d.d_c], &c.q_pe[br * d.d_r], c.g_q.data(), c.g_k.data(),
-                                 c.g_rq.data(), cs, sn, pos >= 0, w.data(), &q.q_rope[br * d.d_r]);
+      const float aq =
+          query_row(d, &c.q_nope[br * d.d_c], &c.q_pe[br * d.d_r], c.g_q.data(), c.g_k.data(),
+                    c.g_rq.data(), cs, sn, pos >= 0, w.data(), &q.q_rope[br * d.d_r]);
       q.alpha_q[br] = aq;
       float* out = &q.q[br * n_k];
       if (explicit_form) {
@@ -82,16 +83,18 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
         const float* qr = &q.q_rope[br * d.d_r];
         float lanes[32], rl[32];
         for (int lane = 0; lane < 32; ++lane) {
-          lanes[lane] = lane_partial<kMaxRank / 32>([&](int j) { return qq[j]; },
-                                                    [&](int m) { return key[lane + 32 * m]; }, mc.n_k, lane);
-          rl[lane] = lane_partial<kMaxRope / 32>([&](int j) { return qr[j]; },
-                                                 [&](int m) { return kr[lane + 32 * m]; }, d.d_r, lane);
+          lanes[lane] =
+              lane_partial<kMaxRank / 32>([&](int j) { return qq[j]; },
+                                          [&](int m) { return key[lane + 32 * m]; }, mc.n_k, lane);
+          rl[lane] = lane_partial<kMaxRope / 32>(
+              [&](int j) { return qr[j]; }, [&](int m) { return kr[lane + 32 * m]; }, d.d_r, lane);
         }
         float lat = tree32(lanes);
         if (mc.scaled) lat = lat * mc.scale[slot];
         const float rope = tree32(rl);
         const bool visible = !d.causal || t0 + tt <= T - d.S_q + i;
-        logits[k][tt] = visible ? logit(d, qk_norm, q.alpha_q[br], mc.alpha_k[slot * d.G + size_t(d.group_of(h))], lat, rope)
+        logits[k][tt] = visible ? logit(d, qk_norm, q.alpha_q[br],
+                                        mc.alpha_k[slot * d.G + size_t(d.group_of(h))], lat, rope)
                                 : -qk_inf();
       }
     }
@@ -99,13 +102,16 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
       if (rows[k] < 0) continue;
       alpha[k] = softmax_tile(st[k], logits[k], n, p[k]);
       if (mc.scaled)
-        for (int tt = 0; tt < n; ++tt) p[k][tt] = p[k][tt] * mc.scale[size_t(phys) * kPage + size_t(tt)];
+        for (int tt = 0; tt < n; ++tt)
+          p[k][tt] = p[k][tt] * mc.scale[size_t(phys) * kPage + size_t(tt)];
     }
     for (int k = 0; k < kRowsPerBlock; ++k) {
       if (rows[k] < 0) continue;
       for (int j = 0; j < mc.n_v; ++j) {
         float& a = acc[size_t(k) * mc.n_v + size_t(j)];
-        a = accumulate_tile(a, alpha[k], p[k], [&](int tt) { return mc.value(size_t(phys) * kPage + size_t(tt), kg)[j]; }, n);
+        a = accumulate_tile(
+            a, alpha[k], p[k],
+            [&](int tt) { return mc.value(size_t(phys) * kPage + size_t(tt), kg)[j]; }, n);
       }
     }
   }
@@ -113,7 +119,8 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
     if (rows[k] < 0) continue;
     const size_t sr = (size_t(b) * R + size_t(rows[k])) * plan.max_splits + size_t(s);
     part.lse[sr] = split_lse(st[k]);
-    for (int j = 0; j < mc.n_v; ++j) part.o[sr * mc.n_v + size_t(j)] = split_out(st[k], acc[size_t(k) * mc.n_v + size_t(j)]);
+    for (int j = 0; j < mc.n_v; ++j)
+      part.o[sr * mc.n_v + size_t(j)] = split_out(st[k], acc[size_t(k) * mc.n_v + size_t(j)]);
   }
 }
 
@@ -132,7 +139,8 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
   part.lse.assign(size_t(d.B) * plan.max_splits * R, -qk_inf());
   for (int b = 0; b < d.B; ++b)
     for (int s = 0; s < plan.splits(c.seqlens[size_t(b)]); ++s)
-      for (int blk = 0; blk < rb.count; ++blk) model_block(c, mc, q, plan, rb, o.qk_norm && !o.explicit_form, b, s, blk, part);
+      for (int blk = 0; blk < rb.count; ++blk)
+        model_block(c, mc, q, plan, rb, o.qk_norm && !o.explicit_form, b, s, blk, part);
   GpuOutputs out;
   out.device = "cpu model";
   out.pages_per_split = plan.pages_per_split;
@@ -151,8 +159,10 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
       const float lse = combine_lse(ls, ns);
       out.lse[br] = lse;
       for (int j = 0; j < mc.n_v; ++j)
-        lat[size_t(j)] = round_store(d.stored, combine_element(ls, ns, lse, [&](int s) {
-          return part.o[(br * plan.max_splits + size_t(s)) * mc.n_v + size_t(j)]; }));
+        lat[size_t(j)] =
+            round_store(d.stored, combine_element(ls, ns, lse, [&](int s) {
+                          return part.o[(br * plan.max_splits + size_t(s)) * mc.n_v + size_t(j)];
+                        }));
       if (o.explicit_form) {
         for (int j = 0; j < d.d_v; ++j) out.out[br * d.d_v + size_t(j)] = lat[size_t(j)];
         continue;
@@ -161,8 +171,10 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
       const int g = d.group_of(row % d.H);
       const size_t ld = size_t(d.G) * d.d_v;
       for (int j = 0; j < d.d_v; ++j)
-        out.out[br * d.d_v + size_t(j)] = round_store(d.stored, project(lat.data(), d.r, [&](int l) {
-          return c.w_uv[size_t(l) * ld + size_t(g) * d.d_v + size_t(j)]; }));
+        out.out[br * d.d_v + size_t(j)] =
+            round_store(d.stored, project(lat.data(), d.r, [&](int l) {
+                          return c.w_uv[size_t(l) * ld + size_t(g) * d.d_v + size_t(j)];
+                        }));
     }
   return out;
 }

@@ -33,7 +33,9 @@ std::vector<float> ModelCache::dense_alpha_k(const GpuCase& c) const {
   std::vector<float> a(size_t(d.B) * size_t(d.t_max) * size_t(d.G), qk_nan());
   for (int b = 0; b < d.B; ++b)
     for (int t = 0; t < c.seqlens[size_t(b)]; ++t) {
-      const size_t slot = size_t(paging.block_table[size_t(b) * paging.max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage);
+      const size_t slot =
+          size_t(paging.block_table[size_t(b) * paging.max_pages + size_t(t / kPage)]) * kPage +
+          size_t(t % kPage);
       for (int g = 0; g < d.G; ++g)
         a[(size_t(b) * d.t_max + size_t(t)) * d.G + size_t(g)] = alpha_k[slot * d.G + size_t(g)];
     }
@@ -64,13 +66,18 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
     if (explicit_form) project_rows(crows, T, d.r, c.w_uv.data(), vc, vals.data());
     for (int t = 0; t < T; ++t) {
       const size_t bt = size_t(b) * d.t_max + size_t(t);
-      const size_t slot = size_t(mc.paging.block_table[size_t(b) * mc.paging.max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage);
+      const size_t slot =
+          size_t(mc.paging.block_table[size_t(b) * mc.paging.max_pages + size_t(t / kPage)]) *
+              kPage +
+          size_t(t % kPage);
       const float sc = fp8 ? c.kv_c_scale[bt] : 1.0f;
       float* key = &keys[size_t(t) * kc];
-      if (fp8) for (int j = 0; j < kc; ++j) key[j] = key[j] * sc;  // the key of the dequantized row
+      if (fp8)
+        for (int j = 0; j < kc; ++j) key[j] = key[j] * sc;  // the key of the dequantized row
       float* z = &mc.rope[slot * size_t(d.d_r)];
       std::copy_n(&c.k_pe[bt * d.d_r], d.d_r, z);
-      const float share = append_rope(d, z, c.g_rk.data(), &c.rope_cos[size_t(t) * half], &c.rope_sin[size_t(t) * half]);
+      const float share = append_rope(d, z, c.g_rk.data(), &c.rope_cos[size_t(t) * half],
+                                      &c.rope_sin[size_t(t) * half]);
       for (int g = 0; g < d.G; ++g) {
         const float a = append_alpha_k(d, key + size_t(g) * d.d_c, share);
         mc.alpha_k[slot * d.G + size_t(g)] = a;

@@ -7,7 +7,8 @@
 namespace qkmla::gpu {
 
 namespace {
-const char* kWhy = "no CUDA device: this build has no CUDA toolkit (nvcc was not found when configuring)";
+const char* kWhy =
+    "no CUDA device: this build has no CUDA toolkit (nvcc was not found when configuring)";
 }
 
 bool device_available(std::string* why) {
@@ -18,6 +19,8 @@ int device_sm_count() { return 0; }
 std::string device_description() { return ""; }
 std::string compiled_arch_list() { return ""; }
 GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime_error(kWhy); }
-std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) { throw std::runtime_error(kWhy); }
+std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) {
+  throw std::runtime_error(kWhy);
+}
 
 }  // namespace qkmla::gpu

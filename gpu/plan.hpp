@@ -39,7 +39,8 @@ inline Paging make_paging(const std::vector<int>& seqlens) {
   p.block_table.assign(seqlens.size() * size_t(std::max(p.max_pages, 1)), -1);
   for (int j = 0; j < p.max_pages; ++j)
     for (size_t b = 0; b < seqlens.size(); ++b)
-      if (j < pages_for(seqlens[b])) p.block_table[b * size_t(p.max_pages) + size_t(j)] = p.num_pages++;
+      if (j < pages_for(seqlens[b]))
+        p.block_table[b * size_t(p.max_pages) + size_t(j)] = p.num_pages++;
   return p;
 }
 
@@ -48,8 +49,8 @@ inline Paging make_paging(const std::vector<int>& seqlens) {
 // one key group (they share its keys and values).
 struct RowBlocks {
   int count = 0;
-  std::vector<int> rows;    // [count, kRowsPerBlock]
-  std::vector<int> group;   // [count]: the key group of the block (explicit), 0 (absorbed)
+  std::vector<int> rows;   // [count, kRowsPerBlock]
+  std::vector<int> group;  // [count]: the key group of the block (explicit), 0 (absorbed)
 };
 
 inline RowBlocks make_row_blocks(const Dims& d, bool explicit_form) {
@@ -85,12 +86,14 @@ struct SplitPlan {
   int splits(int T) const { return (pages_for(T) + pages_per_split - 1) / pages_per_split; }
 };
 
-inline SplitPlan make_plan(const std::vector<int>& seqlens, int row_blocks, int sm_count, int forced) {
+inline SplitPlan make_plan(const std::vector<int>& seqlens, int row_blocks, int sm_count,
+                           int forced) {
   SplitPlan s;
   long long pages = 0;
   for (int T : seqlens) pages += pages_for(T);
   const long long target = 2LL * std::max(sm_count, 1);
-  s.pages_per_split = forced > 0 ? forced : int(std::max(1LL, (pages * row_blocks + target - 1) / target));
+  s.pages_per_split =
+      forced > 0 ? forced : int(std::max(1LL, (pages * row_blocks + target - 1) / target));
   for (int T : seqlens) s.max_splits = std::max(s.max_splits, s.splits(T));
   return s;
 }

@@ -13,22 +13,23 @@ namespace qkmla::gpu {
 // here and paged by the pipeline (paging.hpp).
 struct GpuCase {
   Dims d;
-  std::vector<int> seqlens;                // [B]
-  std::vector<float> q_nope, q_pe;         // [B, S_q, H, d_c], [B, S_q, H, d_r]
-  std::vector<float> kv_c;                 // [B, t_max, r]   (fp8: the e4m3 code values)
-  std::vector<float> kv_c_scale;           // [B, t_max]      (fp8 only; empty otherwise)
-  std::vector<float> k_pe;                 // [B, t_max, d_r]
-  std::vector<float> w_uk, w_uv;           // [r, G*d_c], [r, G*d_v]
-  std::vector<float> g_q, g_k;             // blockwise: gamma_cq, gamma_ck [d_c]; unified: gamma_q, gamma_k [d_c+d_r]
-  std::vector<float> g_rq, g_rk;           // blockwise: gamma_rq, gamma_rk [d_r]; unified: the rope halves
-  std::vector<float> rope_cos, rope_sin;   // [p_max, d_r/2]
+  std::vector<int> seqlens;         // [B]
+  std::vector<float> q_nope, q_pe;  // [B, S_q, H, d_c], [B, S_q, H, d_r]
+  std::vector<float> kv_c;          // [B, t_max, r]   (fp8: the e4m3 code values)
+  std::vector<float> kv_c_scale;    // [B, t_max]      (fp8 only; empty otherwise)
+  std::vector<float> k_pe;          // [B, t_max, d_r]
+  std::vector<float> w_uk, w_uv;    // [r, G*d_c], [r, G*d_v]
+  std::vector<float> g_q,
+      g_k;  // blockwise: gamma_cq, gamma_ck [d_c]; unified: gamma_q, gamma_k [d_c+d_r]
+  std::vector<float> g_rq, g_rk;  // blockwise: gamma_rq, gamma_rk [d_r]; unified: the rope halves
+  std::vector<float> rope_cos, rope_sin;  // [p_max, d_r/2]
 };
 
 struct RunOptions {
   bool explicit_form = false;  // gpu.explicit: full normalized keys and values cached per group
-  bool qk_norm = true;         // false: the alpha_q * alpha_k scaling disabled (plain MLA, bench only)
-  int pages_per_split = 0;     // 0: chosen from the work size and sm_count (plan.hpp)
-  int sm_count = 132;          // H200; the model uses the same number so that both split alike
+  bool qk_norm = true;      // false: the alpha_q * alpha_k scaling disabled (plain MLA, bench only)
+  int pages_per_split = 0;  // 0: chosen from the work size and sm_count (plan.hpp)
+  int sm_count = 132;       // H200; the model uses the same number so that both split alike
 };
 
 struct GpuOutputs {
@@ -38,8 +39,8 @@ struct GpuOutputs {
   std::vector<float> alpha_q;     // [B, S_q, H]
   std::vector<float> alpha_k;     // [B, t_max, G], NaN past T_b (absorbed only)
   int pages_per_split = 0, max_splits = 0;
-  double decode_ms = 0;           // device only: decode + combine, CUDA events
-  std::string device;             // "cpu model" or the device name
+  double decode_ms = 0;  // device only: decode + combine, CUDA events
+  std::string device;    // "cpu model" or the device name
 };
 
 // The CPU model: the same stages in the same order (always available).
@@ -62,7 +63,7 @@ std::string device_description();
 // `qkmla bench`: the paper's decode table (SPEC §12), on the device only.
 struct BenchRow {
   int context = 0;
-  double ms_norm = 0, ms_plain = 0;     // medians, decode + combine
+  double ms_norm = 0, ms_plain = 0;          // medians, decode + combine
   double spread_norm = 0, spread_plain = 0;  // (p90 - p10) / median
   double overhead_pct = 0;
   double gbs_norm = 0, hbm_fraction = 0;  // bytes read / time; against 4.8 TB/s

@@ -11,14 +11,18 @@ enum class Store : int { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3 };
 // Value of x after storing it in format s (the bits the next stage reads back).
 QK_HD float round_store(Store s, float x) {
   switch (s) {
-    case Store::BF16: return bf16_to_float(float_to_bf16(x));
-    case Store::F16: return half_to_float(float_to_half(x));
-    case Store::E4M3: return e4m3_to_float(float_to_e4m3(x));
-    default: return x;
+    case Store::BF16:
+      return bf16_to_float(float_to_bf16(x));
+    case Store::F16:
+      return half_to_float(float_to_half(x));
+    case Store::E4M3:
+      return e4m3_to_float(float_to_e4m3(x));
+    default:
+      return x;
   }
 }
 
-constexpr int kPage = 64;     // tokens per cache page (SPEC §10)
+constexpr int kPage = 64;      // tokens per cache page (SPEC §10)
 constexpr int kMaxRank = 512;  // r <= kMaxRank: the decode kernel keeps r / 256 columns per thread
 constexpr int kMaxRope = 64;
 constexpr int kRowsPerBlock = 16;  // query rows (i, h) per decode block
@@ -29,7 +33,8 @@ struct Dims {
   int t_max = 0;  // cache rows per sequence in the dense inputs
   float eps = 0, scale = 0;
   bool unified = false, norm_then_rope = true, interleaved = true, causal = true;
-  Store stored = Store::BF16, cache = Store::BF16;  // cache: the latent cache's format (E4M3 in fp8)
+  Store stored = Store::BF16,
+        cache = Store::BF16;  // cache: the latent cache's format (E4M3 in fp8)
   QK_HD int group_of(int h) const { return h / (H / G); }
 };
 
@@ -38,8 +43,8 @@ struct Dims {
 // [d_r] rounded to the stored format, and returns alpha_q. pos < 0 (only when T_b = 0) leaves the
 // rope part unrotated: no key can see it.
 QK_HD float query_row(const Dims& d, const float* q_nope, const float* q_pe, const float* g_q,
-                      const float* g_k, const float* g_rq, const float* cos_row, const float* sin_row,
-                      bool rotate, float* w, float* q_rope) {
+                      const float* g_k, const float* g_rq, const float* cos_row,
+                      const float* sin_row, bool rotate, float* w, float* q_rope) {
   for (int j = 0; j < d.d_r; ++j) q_rope[j] = q_pe[j];
   float alpha_q;
   if (d.unified) {
@@ -68,15 +73,18 @@ QK_HD float project(const float* x, int n, const LoadW& w) {
 }
 
 // Explicit form: the stored normalized content query qc^ [d_c] (K.1 applied to q_nope alone).
-QK_HD void explicit_query_content(const Dims& d, const float* q_nope, const float* g_cq, float alpha_q, float* qc) {
+QK_HD void explicit_query_content(const Dims& d, const float* q_nope, const float* g_cq,
+                                  float alpha_q, float* qc) {
   for (int j = 0; j < d.d_c; ++j) qc[j] = round_store(d.stored, (q_nope[j] * g_cq[j]) * alpha_q);
 }
 
 // K.3 append, rope part of token t: the cached rope key [d_r] rounded to the stored format, and the
 // rope share of the unified statistic (0 in blockwise mode). z holds the raw k_pe on entry.
-QK_HD float append_rope(const Dims& d, float* z, const float* g_rk, const float* cos_row, const float* sin_row) {
+QK_HD float append_rope(const Dims& d, float* z, const float* g_rk, const float* cos_row,
+                        const float* sin_row) {
   float share = 0.0f;
-  if (d.unified) {  // g_rk: the rope half of gamma_k; the cache holds the gained rotated, un-normalized key
+  if (d.unified) {  // g_rk: the rope half of gamma_k; the cache holds the gained rotated,
+                    // un-normalized key
     if (!d.norm_then_rope) rope_rotate(z, d.d_r, d.interleaved, cos_row, sin_row);
     share = sum_sq(z, d.d_r);
     for (int j = 0; j < d.d_r; ++j) z[j] = z[j] * g_rk[j];
@@ -98,14 +106,16 @@ QK_HD float append_alpha_k(const Dims& d, const float* key, float rope_share) {
 }
 
 // Explicit form: the stored normalized content key kc^ [d_c] of one (token, group).
-QK_HD void explicit_key_content(const Dims& d, const float* key, const float* g_ck, float alpha_k, float* kc) {
+QK_HD void explicit_key_content(const Dims& d, const float* key, const float* g_ck, float alpha_k,
+                                float* kc) {
   for (int j = 0; j < d.d_c; ++j) kc[j] = round_store(d.stored, (key[j] * g_ck[j]) * alpha_k);
 }
 
 // K.4 the logit of one (row, token) from its latent and rope dot products. qk_norm = false is
 // plain MLA (the benchmark's "scaling disabled" baseline, and the explicit form, whose keys are
 // already normalized). Masked tokens are -inf, set by the caller.
-QK_HD float logit(const Dims& d, bool qk_norm, float alpha_q, float alpha_k, float latent, float rope) {
+QK_HD float logit(const Dims& d, bool qk_norm, float alpha_q, float alpha_k, float latent,
+                  float rope) {
   if (!qk_norm) return d.scale * (latent + rope);
   const float s = alpha_q * alpha_k;
   return d.unified ? d.scale * (s * (latent + rope)) : d.scale * (s * latent + rope);
@@ -151,7 +161,8 @@ QK_HD float accumulate_tile(float acc, float alpha, const float* p, const LoadC&
   return fmaf(acc, alpha, s);
 }
 
-// End of a split: the normalized partial output and its lse (-inf, output 0 when nothing was visible).
+// End of a split: the normalized partial output and its lse (-inf, output 0 when nothing was
+// visible).
 QK_HD float split_lse(const RowState& st) {
   return st.m == -qk_inf() ? (qk_isnan(st.l) ? st.l : -qk_inf()) : st.m + qk_log(st.l);
 }

@@ -33,7 +33,8 @@ TEST_CASE("gpu.math.storage_rounding_matches_round_to") {
   std::mt19937_64 g(s);
   for (int n = 0; n < 300000; ++n) {
     float x = random_float(g);
-    if (n % 3 == 1) x = std::ldexp(x, -int(std::ilogb(x)) + int(g() % 40) - 30);  // around 1: ties and e4m3 range
+    if (n % 3 == 1)
+      x = std::ldexp(x, -int(std::ilogb(x)) + int(g() % 40) - 30);  // around 1: ties and e4m3 range
     CAPTURE(x);
     REQUIRE(same(bf16_to_float(float_to_bf16(x)), round_to(DType::BF16, x)));
     REQUIRE(same(half_to_float(float_to_half(x)), round_to(DType::F16, x)));
@@ -43,10 +44,10 @@ TEST_CASE("gpu.math.storage_rounding_matches_round_to") {
   CHECK(bf16_to_float(float_to_bf16(1.0f + 0x1p-8f)) == 1.0f);
   CHECK(bf16_to_float(float_to_bf16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);
   CHECK(half_to_float(float_to_half(1.0f + 0x1p-11f)) == 1.0f);
-  CHECK(half_to_float(float_to_half(0x1p-25f)) == 0.0f);            // half the smallest subnormal
-  CHECK(half_to_float(float_to_half(3 * 0x1p-25f)) == 0x1p-23f);    // 1.5 quanta -> 2 (even)
+  CHECK(half_to_float(float_to_half(0x1p-25f)) == 0.0f);          // half the smallest subnormal
+  CHECK(half_to_float(float_to_half(3 * 0x1p-25f)) == 0x1p-23f);  // 1.5 quanta -> 2 (even)
   CHECK(half_to_float(float_to_half(65520.0f)) == INFINITY);
-  CHECK(e4m3_to_float(float_to_e4m3(1000.0f)) == 448.0f);           // saturation
+  CHECK(e4m3_to_float(float_to_e4m3(1000.0f)) == 448.0f);  // saturation
   CHECK(e4m3_to_float(float_to_e4m3(-INFINITY)) == -448.0f);
   CHECK(std::isnan(e4m3_to_float(float_to_e4m3(NAN))));
   CHECK(std::isnan(bf16_to_float(float_to_bf16(NAN))));
@@ -62,7 +63,8 @@ TEST_CASE("gpu.math.exp_log_within_2_ulp") {
   double worst_exp = 0, worst_log = 0;
   for (int n = 0; n <= 400000; ++n) {
     const float x = -87.33f * float(n) / 400000.0f;
-    if (std::exp(double(x)) < 0x1p-126) continue;  // normal results only; smaller ones are flushed to 0
+    if (std::exp(double(x)) < 0x1p-126)
+      continue;  // normal results only; smaller ones are flushed to 0
     worst_exp = std::max(worst_exp, ulps(qk_exp(x), std::exp(double(x))));
   }
   std::mt19937_64 g(test::seed(402));

@@ -36,8 +36,9 @@ double baseline_ratio(const Case& k, const Outputs& o, const std::string& tensor
   const Outputs truth = ref::ref_explicit(k, dots, false);
   const Outputs base = impl::cpu_explicit(k);
   auto rel = [&](const Outputs& x) {
-    return compare(x.tensors.at(tensor), truth.tensors.at(tensor), DType::F64, valid_mask(k, tensor), nullptr,
-                   &truth.lo.at(tensor)).rel_l2;
+    return compare(x.tensors.at(tensor), truth.tensors.at(tensor), DType::F64,
+                   valid_mask(k, tensor), nullptr, &truth.lo.at(tensor))
+        .rel_l2;
   };
   return rel(o) / std::max(rel(base), unit_roundoff(stored_dtype(k.cfg.profile)) / 16);
 }
@@ -45,7 +46,8 @@ double baseline_ratio(const Case& k, const Outputs& o, const std::string& tensor
 // The gate's verdict on a report row (SPEC §6 rule with the budget table: k = 2, or the measured
 // budgets of src/gate/budgets.toml for tiny tensors and large_logits).
 Verdict verdict(const ReportRow& row, const std::string& preset, const std::string& scenario) {
-  return judge(default_rule(), Subject{row.impl, preset, scenario, row.profile, row.tensor}, row.m, row.baseline_ratio);
+  return judge(default_rule(), Subject{row.impl, preset, scenario, row.profile, row.tensor}, row.m,
+               row.baseline_ratio);
 }
 
 gpu::GpuOutputs model(const Case& k, int pages_per_split, bool explicit_form = false) {
@@ -107,7 +109,8 @@ TEST_CASE("gpu.model.empty_sequence_rows") {
 TEST_CASE("gpu.model.nan_padding_never_reaches_an_output") {
   // The model's paged cache starts as NaN: padding past T_b in a last page and cache rows past T_b
   // in the inputs are NaN. None may reach an output; a NaN in a *visible* row must.
-  const Case k = generate_case(test::tiny_config(Profile::FP32, {65, 130, 7}, 4, NormMode::Blockwise, test::seed(412)));
+  const Case k = generate_case(
+      test::tiny_config(Profile::FP32, {65, 130, 7}, 4, NormMode::Blockwise, test::seed(412)));
   const gpu::GpuCase gc = impl::to_gpu_case(k);
   const gpu::ModelCache mc = gpu::model_append(gc, false);
   size_t poisoned = 0;
@@ -128,12 +131,14 @@ TEST_CASE("gpu.model.nan_padding_never_reaches_an_output") {
 TEST_CASE("gpu.model.one_split_any_plan_bit_identical") {
   // T <= 64 is one page: every plan gives one split, and combine with one split is exact
   // (weight qk_exp(0) = 1, lse + qk_log(1) = lse), so the results are bit-identical.
-  const Case k = generate_case(test::tiny_config(Profile::BF16, {64, 17}, 2, NormMode::Blockwise, test::seed(413)));
+  const Case k = generate_case(
+      test::tiny_config(Profile::BF16, {64, 17}, 2, NormMode::Blockwise, test::seed(413)));
   const gpu::GpuOutputs a = model(k, 1), b = model(k, 7);
   CHECK(bit_equal(a.out, b.out));
   CHECK(bit_equal(a.lse, b.lse));
   // Across pages the plan changes the rounding, not the accuracy.
-  const Case k2 = generate_case(test::tiny_config(Profile::FP32, {3 * 64 + 5}, 1, NormMode::Blockwise, test::seed(414)));
+  const Case k2 = generate_case(
+      test::tiny_config(Profile::FP32, {3 * 64 + 5}, 1, NormMode::Blockwise, test::seed(414)));
   for (int pps : {1, 2, 4}) {
     CAPTURE(pps);
     const gpu::GpuOutputs g = model(k2, pps);
@@ -145,8 +150,10 @@ TEST_CASE("gpu.model.one_split_any_plan_bit_identical") {
 TEST_CASE("gpu.model.closed_form.identical_keys_give_mean_of_values") {
   // Every visible token holds the same latent row and a zero rope key: all logits are equal, so
   // latent_out is that row. fp32: each split sums 64 exact products p = 1 (qk_exp(0) = 1), divides
-  // once, and combine weighs 4 splits: relative error <= (64 + 1 + 2 * 4) u (proofs/gpu_kernels.md K.8).
-  Case k = generate_case(test::tiny_config(Profile::FP32, {3 * 64 + 5}, 1, NormMode::Blockwise, test::seed(415)));
+  // once, and combine weighs 4 splits: relative error <= (64 + 1 + 2 * 4) u (proofs/gpu_kernels.md
+  // K.8).
+  Case k = generate_case(
+      test::tiny_config(Profile::FP32, {3 * 64 + 5}, 1, NormMode::Blockwise, test::seed(415)));
   const int r = k.cfg.latent_rank, T = 3 * 64 + 5;
   Tensor& kv = k.tensors["kv_c"];
   Tensor& kpe = k.tensors["k_pe"];
@@ -166,7 +173,8 @@ TEST_CASE("gpu.model.closed_form.identical_keys_give_mean_of_values") {
 TEST_CASE("gpu.model.closed_form.zero_query_gives_log_n") {
   // A zero query scores every key 0: lse = log T. fp32, 4 splits of <= 64 exact ones:
   // |lse - log T| <= a few ulps of log T (qk_log <= 2 ulp, combine adds <= 2; K.8).
-  Case k = generate_case(test::tiny_config(Profile::FP32, {3 * 64 + 5, 64}, 1, NormMode::Blockwise, test::seed(416)));
+  Case k = generate_case(
+      test::tiny_config(Profile::FP32, {3 * 64 + 5, 64}, 1, NormMode::Blockwise, test::seed(416)));
   for (double& v : k.tensors["q_nope"].data) v = 0.0;
   for (double& v : k.tensors["q_pe"].data) v = 0.0;
   const gpu::GpuOutputs g = model(k, 1);
@@ -174,21 +182,24 @@ TEST_CASE("gpu.model.closed_form.zero_query_gives_log_n") {
   for (int b = 0; b < 2; ++b)
     for (int h = 0; h < H; ++h) {
       const double want = std::log(double(k.cfg.seqlens[size_t(b)]));
-      CHECK(std::fabs(g.lse[size_t(b * H + h)] - want) <= 4 * std::ldexp(1.0, std::ilogb(want) - 23));
+      CHECK(std::fabs(g.lse[size_t(b * H + h)] - want) <=
+            4 * std::ldexp(1.0, std::ilogb(want) - 23));
     }
 }
 
 TEST_CASE("gpu.model.fp8_reads_codes_and_scales") {
   // fp8: the latent cache is e4m3 codes with one fp32 scale per token (SPEC §3); the model is
   // judged against the reference on the dequantized cache. Dropping the scales must fail.
-  Case k = generate_case(test::tiny_config(Profile::FP8, {130, 9}, 2, NormMode::Blockwise, test::seed(417)));
+  Case k = generate_case(
+      test::tiny_config(Profile::FP8, {130, 9}, 2, NormMode::Blockwise, test::seed(417)));
   REQUIRE(k.get("kv_c").dtype == DType::F8_E4M3);
   REQUIRE(k.has("kv_c_scale"));
   const double good = baseline_ratio(k, impl::from_gpu(k, model(k, 1), "gpu.model.fp8"), "out");
   CHECK(good <= 2.0);
   gpu::GpuCase no_scale = impl::to_gpu_case(k);
   for (float& s : no_scale.kv_c_scale) s = std::isnan(s) ? s : 1.0f;
-  const double bad = baseline_ratio(k, impl::from_gpu(k, gpu::run_model(no_scale, {}), "mutant"), "out");
+  const double bad =
+      baseline_ratio(k, impl::from_gpu(k, gpu::run_model(no_scale, {}), "mutant"), "out");
   MESSAGE("fp8 baseline ratio " << good << ", scales ignored " << bad);
   CHECK(bad > 10.0);
 }
@@ -222,7 +233,8 @@ TEST_CASE("gpu.model.scenarios") {
   // src/gate/budgets.toml: correct implementations reach 25 there, seed to seed).
   for (const std::string sc : {"outliers", "tiny_keys", "large_logits"}) {
     CAPTURE(sc);
-    const Report r = model_report({0, 100}, 2, test::seed(419), {Profile::BF16, Profile::FP16}, NormMode::Blockwise, sc);
+    const Report r = model_report({0, 100}, 2, test::seed(419), {Profile::BF16, Profile::FP16},
+                                  NormMode::Blockwise, sc);
     for (const ReportRow& row : r.rows) {
       if (row.impl.rfind("gpu.model.", 0) != 0) continue;
       CAPTURE(row.impl);

@@ -20,26 +20,33 @@ struct BenchFlags {
   std::string format = "table", output;
 };
 
-std::string render(const std::vector<gpu::BenchRow>& rows, const std::string& how, const std::string& device,
-                   const gpu::BenchOptions& o, bool md) {
+std::string render(const std::vector<gpu::BenchRow>& rows, const std::string& how,
+                   const std::string& device, const gpu::BenchOptions& o, bool md) {
   std::string s = md ? "# qkmla bench\n\n" : "qkmla bench\n";
-  s += fmt::format("{}device: {}; {}\n{}shape: batch {}, H {}, G {}, r {}, d_c {}, d_r {}, bf16 cache, S_q 1; "
-                   "{} warm-up + {} timed repetitions per row, CUDA events around decode + combine\n",
-                   md ? "- " : "", device, how, md ? "- " : "", o.batch, o.heads, o.groups, o.r, o.d_c, o.d_r,
-                   o.warmup, o.reps);
-  s += md ? "\n| context | ms QK-norm | spread | ms plain | spread | overhead % | GB/s | of 4.8 TB/s | cache MB | +alpha_k MB |\n|---|---|---|---|---|---|---|---|---|---|\n"
-          : fmt::format("{:>8} {:>11} {:>7} {:>9} {:>7} {:>10} {:>8} {:>8} {:>10} {:>11}\n", "context", "ms_qknorm",
-                        "spread", "ms_plain", "spread", "overhead%", "GB/s", "of_HBM", "cache_MB", "+alpha_MB");
+  s += fmt::format(
+      "{}device: {}; {}\n{}shape: batch {}, H {}, G {}, r {}, d_c {}, d_r {}, bf16 cache, S_q 1; "
+      "{} warm-up + {} timed repetitions per row, CUDA events around decode + combine\n",
+      md ? "- " : "", device, how, md ? "- " : "", o.batch, o.heads, o.groups, o.r, o.d_c, o.d_r,
+      o.warmup, o.reps);
+  s += md ? "\n| context | ms QK-norm | spread | ms plain | spread | overhead % | GB/s | of 4.8 "
+            "TB/s | cache MB | +alpha_k MB |\n|---|---|---|---|---|---|---|---|---|---|\n"
+          : fmt::format("{:>8} {:>11} {:>7} {:>9} {:>7} {:>10} {:>8} {:>8} {:>10} {:>11}\n",
+                        "context", "ms_qknorm", "spread", "ms_plain", "spread", "overhead%", "GB/s",
+                        "of_HBM", "cache_MB", "+alpha_MB");
   double mean = 0;
   for (const gpu::BenchRow& r : rows) {
     mean += r.overhead_pct / double(rows.size());
-    const std::string f = md ? "| {} | {:.4f} | {:.3f} | {:.4f} | {:.3f} | {:+.2f} | {:.0f} | {:.1%} | {:.1f} | {:.2f} |\n"
-                             : "{:>8} {:>11.4f} {:>7.3f} {:>9.4f} {:>7.3f} {:>+10.2f} {:>8.0f} {:>8.1%} {:>10.1f} {:>11.2f}\n";
-    s += fmt::format(fmt::runtime(f), r.context, r.ms_norm, r.spread_norm, r.ms_plain, r.spread_plain, r.overhead_pct,
-                     r.gbs_norm, r.hbm_fraction, r.cache_bytes / 1e6, (r.cache_bytes_alpha - r.cache_bytes) / 1e6);
+    const std::string f = md ? "| {} | {:.4f} | {:.3f} | {:.4f} | {:.3f} | {:+.2f} | {:.0f} | "
+                               "{:.1%} | {:.1f} | {:.2f} |\n"
+                             : "{:>8} {:>11.4f} {:>7.3f} {:>9.4f} {:>7.3f} {:>+10.2f} {:>8.0f} "
+                               "{:>8.1%} {:>10.1f} {:>11.2f}\n";
+    s += fmt::format(fmt::runtime(f), r.context, r.ms_norm, r.spread_norm, r.ms_plain,
+                     r.spread_plain, r.overhead_pct, r.gbs_norm, r.hbm_fraction,
+                     r.cache_bytes / 1e6, (r.cache_bytes_alpha - r.cache_bytes) / 1e6);
   }
-  s += fmt::format("{}mean overhead over {} contexts: {:+.2f} % (paper, H800 + torch.compile: 1.40 %)\n", md ? "\n" : "",
-                   rows.size(), mean);
+  s += fmt::format(
+      "{}mean overhead over {} contexts: {:+.2f} % (paper, H800 + torch.compile: 1.40 %)\n",
+      md ? "\n" : "", rows.size(), mean);
   return s;
 }
 
@@ -47,12 +54,23 @@ std::string render(const std::vector<gpu::BenchRow>& rows, const std::string& ho
 
 Runner add_bench(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<BenchFlags>();
-  auto* cmd = app.add_subcommand("bench", "GPU decode latency with and without QK-norm (the paper's table; GPU only)");
-  cmd->add_option("--contexts", f->o.contexts, "context lengths, comma separated")->delimiter(',')->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--batch", f->o.batch, "batch size")->check(CLI::Range(1, 64))->capture_default_str();
-  cmd->add_option("--warmup", f->o.warmup, "untimed repetitions per row")->check(CLI::Range(0, 10000))->capture_default_str();
-  cmd->add_option("--reps", f->o.reps, "timed repetitions per row and mode")->check(CLI::Range(3, 100000))->capture_default_str();
-  cmd->add_option("--format", f->format, "table|md|json")->check(CLI::IsMember({"table", "md", "json"}))->capture_default_str();
+  auto* cmd = app.add_subcommand(
+      "bench", "GPU decode latency with and without QK-norm (the paper's table; GPU only)");
+  cmd->add_option("--contexts", f->o.contexts, "context lengths, comma separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch", f->o.batch, "batch size")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--warmup", f->o.warmup, "untimed repetitions per row")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  cmd->add_option("--reps", f->o.reps, "timed repetitions per row and mode")
+      ->check(CLI::Range(3, 100000))
+      ->capture_default_str();
+  cmd->add_option("--format", f->format, "table|md|json")
+      ->check(CLI::IsMember({"table", "md", "json"}))
+      ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
   return [f, command_line] {
     std::string why;
@@ -69,9 +87,15 @@ Runner add_bench(CLI::App& app, const std::string& command_line) {
       j["how"] = how;
       j["device"] = gpu::device_description();
       for (const gpu::BenchRow& r : rows)
-        j["rows"].push_back({{"context", r.context}, {"ms_qknorm", r.ms_norm}, {"spread_qknorm", r.spread_norm},
-                             {"ms_plain", r.ms_plain}, {"spread_plain", r.spread_plain}, {"overhead_pct", r.overhead_pct},
-                             {"gbs", r.gbs_norm}, {"hbm_fraction", r.hbm_fraction}, {"cache_bytes", r.cache_bytes},
+        j["rows"].push_back({{"context", r.context},
+                             {"ms_qknorm", r.ms_norm},
+                             {"spread_qknorm", r.spread_norm},
+                             {"ms_plain", r.ms_plain},
+                             {"spread_plain", r.spread_plain},
+                             {"overhead_pct", r.overhead_pct},
+                             {"gbs", r.gbs_norm},
+                             {"hbm_fraction", r.hbm_fraction},
+                             {"cache_bytes", r.cache_bytes},
                              {"cache_bytes_with_alpha_k", r.cache_bytes_alpha}});
       text = j.dump(2) + "\n";
     } else {

@@ -9,7 +9,9 @@ bool gpu_profile(Profile p) { return p != Profile::FP64; }
 
 namespace {
 
-std::vector<float> floats(const Tensor& t) { return std::vector<float>(t.data.begin(), t.data.end()); }
+std::vector<float> floats(const Tensor& t) {
+  return std::vector<float>(t.data.begin(), t.data.end());
+}
 
 std::vector<float> tail(const Tensor& t, int from) {
   return std::vector<float>(t.data.begin() + from, t.data.end());
@@ -17,10 +19,14 @@ std::vector<float> tail(const Tensor& t, int from) {
 
 gpu::Store store_of(DType d) {
   switch (d) {
-    case DType::F32: return gpu::Store::F32;
-    case DType::F16: return gpu::Store::F16;
-    case DType::F8_E4M3: return gpu::Store::E4M3;
-    default: return gpu::Store::BF16;
+    case DType::F32:
+      return gpu::Store::F32;
+    case DType::F16:
+      return gpu::Store::F16;
+    case DType::F8_E4M3:
+      return gpu::Store::E4M3;
+    default:
+      return gpu::Store::BF16;
   }
 }
 
@@ -80,7 +86,8 @@ Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g, const std::string& imp
   o.tensors["lse"] = tensor_of(g.lse, DType::F32, {B, S, H});
   o.tensors["alpha_q"] = tensor_of(g.alpha_q, DType::F32, {B, S, H});
   o.tensors["alpha_k"] = tensor_of(g.alpha_k, DType::F32, {B, k.t_max(), c.groups});
-  if (!g.latent_out.empty()) o.tensors["latent_out"] = tensor_of(g.latent_out, D, {B, S, H, c.latent_rank});
+  if (!g.latent_out.empty())
+    o.tensors["latent_out"] = tensor_of(g.latent_out, D, {B, S, H, c.latent_rank});
   return o;
 }
 
@@ -92,7 +99,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Outputs gpu_model(const Case& k, const gpu::RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string id = std::string("gpu.model.") + (o.explicit_form ? "explicit." : "") + to_string(k.cfg.profile);
+  const std::string id =
+      std::string("gpu.model.") + (o.explicit_form ? "explicit." : "") + to_string(k.cfg.profile);
   Outputs out = from_gpu(k, gpu::run_model(to_gpu_case(k), o), id);
   out.seconds = seconds_since(t0);
   return out;
@@ -100,7 +108,8 @@ Outputs gpu_model(const Case& k, const gpu::RunOptions& o) {
 
 Outputs gpu_device(const Case& k, const gpu::RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string id = std::string(o.explicit_form ? "gpu.explicit." : "gpu.absorbed.") + to_string(k.cfg.profile);
+  const std::string id =
+      std::string(o.explicit_form ? "gpu.explicit." : "gpu.absorbed.") + to_string(k.cfg.profile);
   const gpu::GpuOutputs g = gpu::run_on_device(to_gpu_case(k), o);
   Outputs out = from_gpu(k, g, id);
   out.seconds = seconds_since(t0);

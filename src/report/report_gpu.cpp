@@ -45,7 +45,8 @@ std::string bitwise_summary(const Outputs& a, const Outputs& b) {
       if (!same_bits(ta[i], tb[i]) && differ++ == 0)
         first = fmt::format(" (first: {} flat {}: {:.9g} vs {:.9g})", name, i, ta[i], tb[i]);
   }
-  if (differ == 0) return fmt::format("{} vs {}: bit-identical on all {} elements", a.impl, b.impl, total);
+  if (differ == 0)
+    return fmt::format("{} vs {}: bit-identical on all {} elements", a.impl, b.impl, total);
   return fmt::format("{} vs {}: {} of {} elements differ{}", a.impl, b.impl, differ, total, first);
 }
 

@@ -1,5 +1,5 @@
-// The GPU part of `qkmla report`: the kernels' CPU model in every GPU profile, the kernels themselves
-// where a device exists, and the kernel-vs-model bit comparison.
+// The GPU part of `qkmla report`: the kernels' CPU model in every GPU profile, the kernels
+// themselves where a device exists, and the kernel-vs-model bit comparison.
 #pragma once
 #include <string>
 #include <vector>

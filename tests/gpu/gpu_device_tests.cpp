@@ -29,14 +29,16 @@ void diff(const char* name, const std::vector<float>& dev, const std::vector<flo
     return;
   }
   for (size_t i = 0; i < dev.size(); ++i, ++d.total) {
-    const bool same = (std::isnan(dev[i]) && std::isnan(mod[i])) || std::memcmp(&dev[i], &mod[i], 4) == 0;
+    const bool same =
+        (std::isnan(dev[i]) && std::isnan(mod[i])) || std::memcmp(&dev[i], &mod[i], 4) == 0;
     if (!same && d.differ++ == 0)
-      d.first = std::string(name) + "[" + std::to_string(i) + "] device " + std::to_string(dev[i]) + " model " +
-                std::to_string(mod[i]);
+      d.first = std::string(name) + "[" + std::to_string(i) + "] device " + std::to_string(dev[i]) +
+                " model " + std::to_string(mod[i]);
   }
 }
 
-MlaConfig config(const std::string& preset, Profile p, std::vector<int> seqlens, int sq, NormMode norm, uint64_t seed) {
+MlaConfig config(const std::string& preset, Profile p, std::vector<int> seqlens, int sq,
+                 NormMode norm, uint64_t seed) {
   MlaConfig c = test::tiny_config(p, std::move(seqlens), sq, norm, seed, preset);
   c.set_default_scale();
   return c;
@@ -49,8 +51,12 @@ int bits() {
     std::string preset;
     std::vector<int> seqlens;
   };
-  const std::vector<Shape> shapes = {{"tiny", {1, 0}}, {"tiny", {63, 64}}, {"tiny", {65, 0, 5}},
-                                     {"tiny", {3 * 64 + 5}}, {"paper-decode", {4096, 0, 130}}, {"paper-g8", {1000}}};
+  const std::vector<Shape> shapes = {{"tiny", {1, 0}},
+                                     {"tiny", {63, 64}},
+                                     {"tiny", {65, 0, 5}},
+                                     {"tiny", {3 * 64 + 5}},
+                                     {"paper-decode", {4096, 0, 130}},
+                                     {"paper-g8", {1000}}};
   for (Profile p : {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
     for (const Shape& sh : shapes)
       for (int sq : {1, 2, 4})
@@ -60,9 +66,12 @@ int bits() {
               bool ok = true;
               for (int T : sh.seqlens) ok = ok && (T == 0 || T >= sq);
               if (!ok || (ex && norm == NormMode::Unified)) continue;
-              // Real shapes: the default plan, blockwise, S_q 1 and 4 (4: several row blocks); keeps it short.
-              if (sh.preset != "tiny" && (pps != 0 || norm == NormMode::Unified || sq == 2)) continue;
-              const Case k = generate_case(config(sh.preset, p, sh.seqlens, sq, norm, uint64_t(runs + 1)));
+              // Real shapes: the default plan, blockwise, S_q 1 and 4 (4: several row blocks);
+              // keeps it short.
+              if (sh.preset != "tiny" && (pps != 0 || norm == NormMode::Unified || sq == 2))
+                continue;
+              const Case k =
+                  generate_case(config(sh.preset, p, sh.seqlens, sq, norm, uint64_t(runs + 1)));
               const gpu::GpuCase gc = impl::to_gpu_case(k);
               gpu::RunOptions o;
               o.explicit_form = ex;
@@ -76,16 +85,22 @@ int bits() {
               diff("alpha_q", d.alpha_q, m.alpha_q, df);
               diff("alpha_k", d.alpha_k, m.alpha_k, df);
               ++runs;
-              std::printf("%-6s %-13s seqlens %-14s S_q %d %-9s %-8s pps %d splits %3d: %s\n", to_string(p).c_str(),
-                          sh.preset.c_str(), [&] {
-                            std::string s;
-                            for (int T : sh.seqlens) s += (s.empty() ? "" : ",") + std::to_string(T);
-                            return s;
-                          }().c_str(), sq, to_string(norm).c_str(), ex ? "explicit" : "absorbed", d.pages_per_split,
-                          d.max_splits,
-                          df.differ == 0 ? ("bit-identical (" + std::to_string(df.total) + " elements)").c_str()
-                                         : (std::to_string(df.differ) + " of " + std::to_string(df.total) +
-                                            " differ; first " + df.first).c_str());
+              std::printf(
+                  "%-6s %-13s seqlens %-14s S_q %d %-9s %-8s pps %d splits %3d: %s\n",
+                  to_string(p).c_str(), sh.preset.c_str(),
+                  [&] {
+                    std::string s;
+                    for (int T : sh.seqlens) s += (s.empty() ? "" : ",") + std::to_string(T);
+                    return s;
+                  }()
+                      .c_str(),
+                  sq, to_string(norm).c_str(), ex ? "explicit" : "absorbed", d.pages_per_split,
+                  d.max_splits,
+                  df.differ == 0
+                      ? ("bit-identical (" + std::to_string(df.total) + " elements)").c_str()
+                      : (std::to_string(df.differ) + " of " + std::to_string(df.total) +
+                         " differ; first " + df.first)
+                            .c_str());
               if (df.differ) ++failures;
             }
   std::printf("gpu.kernels_match_model: %d of %d runs differ\n", failures, runs);
@@ -100,8 +115,9 @@ int bench() {
   std::string device;
   const auto rows = gpu::run_bench(o, &device);
   for (const auto& r : rows)
-    std::printf("bench %s context %d: qk-norm %.4f ms, plain %.4f ms, overhead %+.2f %%, %.0f GB/s\n", device.c_str(),
-                r.context, r.ms_norm, r.ms_plain, r.overhead_pct, r.gbs_norm);
+    std::printf(
+        "bench %s context %d: qk-norm %.4f ms, plain %.4f ms, overhead %+.2f %%, %.0f GB/s\n",
+        device.c_str(), r.context, r.ms_norm, r.ms_plain, r.overhead_pct, r.gbs_norm);
   return rows.size() == 2 && rows[0].ms_norm > 0 ? 0 : 1;
 }
 
