@@ -90,6 +90,8 @@ void Certifier::run() {
   for (const auto& [name, t] : k.tensors)
     for (double x : t.data)
       if (std::isfinite(x) && x != 0) e0 = std::min(e0, trailing(x));
+  for (double x : kv.data)  // fp8: the dequantized cache (code x scale) has bits of its own
+    if (std::isfinite(x) && x != 0) e0 = std::min(e0, trailing(x));
   grid.e0 = e0;
   const mpz_int one = grid.z(1.0);
   const mpq_rational eps = exact_q(c.eps), sigma = exact_q(c.softmax_scale);

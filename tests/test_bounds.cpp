@@ -63,14 +63,14 @@ void check_case(const MlaConfig& cfg, Tightness& t) {
 
 TEST_CASE("bounds.observed_errors_within_proven_bounds") {
   Tightness t;
-  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16})
+  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
     for (const std::string& sc : scenario_names())
       for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
         MlaConfig c = test::tiny_config(p, {0, 17, 40}, 2, norm, test::seed(81));
         c.scenario = sc;
         check_case(c, t);
       }
-  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16}) {
+  for (Profile p : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8}) {
     MlaConfig c = test::tiny_config(p, {48}, 2, NormMode::Blockwise, test::seed(82), "paper-g8");
     check_case(c, t);
   }

@@ -71,7 +71,7 @@ Runner add_gate(CLI::App& app, const std::string& command_line) {
 
 namespace {
 struct MutantFlags {
-  std::vector<std::string> profiles{"fp64", "fp32", "bf16", "fp16"};
+  std::vector<std::string> profiles{"fp64", "fp32", "bf16", "fp16", "fp8"};
   std::string config, format = "table", output;
   int threads = 2;
 };

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   } catch (const std::runtime_error& e) {  // a CUDA call that failed
     std::cerr << "qkmla: error: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {  // never a crash: say what broke
+    std::cerr << "qkmla: internal error: " << e.what() << "\n";
+    return 2;
   }
   return 2;
 }

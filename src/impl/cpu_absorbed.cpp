@@ -87,7 +87,6 @@ template <class Acc>
 LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps, const Flavor& f) {
   const MlaConfig& cf = k.cfg;
   const DType D = stored_dtype(cf.profile);
-  const Tensor& kv = k.latent();
   const Tensor& kpe = k.get("k_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
@@ -95,7 +94,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
   const bool joint = unified || f.is(Mutant::JointNormInBlockwise);
   const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
-  lc.c.assign(kv.data.begin() + kv.index({b, 0, 0}), kv.data.begin() + kv.index({b, 0, 0}) + T * r);
+  lc.c = latent_rows<Acc>(k, b, T);
   // The transient keys of this sequence [T, G*d_c]: used for their statistics, then discarded.
   std::vector<Acc> keys(static_cast<size_t>(T * G * dc));
   rows_mat(lc.c.data(), T, r, wk.data(), G * dc, G * dc, keys.data());

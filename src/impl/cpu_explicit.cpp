@@ -113,8 +113,7 @@ Outputs run(const Case& k) {
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
     std::vector<ExplicitKey<Acc>> keys;  // the full-key cache of sequence b
-    const Tensor& kv = k.latent();
-    const std::vector<Acc> cb(kv.data.begin() + kv.index({b, 0, 0}), kv.data.begin() + kv.index({b, 0, 0}) + T * c.latent_rank);
+    const std::vector<Acc> cb = latent_rows<Acc>(k, b, T);  // [T, r]
     std::vector<Acc> k0c(size_t(T * c.groups * dc)), v(size_t(T * c.groups * dv));  // [T, G*d_c], [T, G*d_v]
     rows_mat(cb.data(), T, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
     rows_mat(cb.data(), T, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());

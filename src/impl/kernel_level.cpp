@@ -15,9 +15,14 @@ Outputs run(const Case& k) {
   const Acc scale = Acc(cf.softmax_scale);
   const bool unified = cf.norm == NormMode::Unified;
   const std::vector<Acc> ql = to_acc<Acc>(k.get("q_latent")), aq = to_acc<Acc>(k.get("alpha_q")),
-                         qr = to_acc<Acc>(k.get("q_rope")), kv = to_acc<Acc>(k.latent()),
+                         qr = to_acc<Acc>(k.get("q_rope")),
                          kr = to_acc<Acc>(k.get("k_rope")), ak = to_acc<Acc>(k.get("alpha_k"));
   const int64_t T_max = k.t_max();
+  std::vector<Acc> kv;  // [B, T_max, r]
+  for (int b = 0; b < cf.batch; ++b) {
+    const std::vector<Acc> rows = latent_rows<Acc>(k, b, T_max);
+    kv.insert(kv.end(), rows.begin(), rows.end());
+  }
   Outputs o;
   o.impl = "cpu.kernel." + to_string(cf.profile);
   Tensor& lat = o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);

@@ -16,6 +16,23 @@ std::vector<Acc> to_acc(const Tensor& t) {
   return std::vector<Acc>(t.data.begin(), t.data.end());  // exact: stored dtype is within Acc
 }
 
+// The latent cache rows [T, r] of sequence b as an implementation reads them: the stored values,
+// or in the fp8 profile code x scale computed in Acc (fp32: one rounding of the exact product; the
+// error-bound type accounts for it; fp64: exact).
+template <class Acc>
+std::vector<Acc> latent_rows(const Case& k, int b, int64_t T) {
+  const Tensor& kv = k.get("kv_c");
+  const int64_t r = kv.shape[2], base = kv.index({b, 0, 0});
+  std::vector<Acc> out(static_cast<size_t>(T * r));
+  const bool fp8 = k.has("kv_c_scale");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l = 0; l < r; ++l) {
+      const double code = kv[base + t * r + l];
+      out[size_t(t * r + l)] = fp8 ? Acc(code) * Acc(k.get("kv_c_scale").at({b, t})) : Acc(code);
+    }
+  return out;
+}
+
 // Round an accumulated value to the stored dtype (RNE, once, from the Acc value).
 template <class Acc>
 Acc store(DType d, Acc x) {

@@ -1,6 +1,7 @@
 #include "report/report.hpp"
 
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -89,7 +90,11 @@ void add_device_runs(std::vector<ProfileRun>& runs, Report& rep, const ReportOpt
     if (r.gpu_models.empty()) continue;
     any = true;
     if (!opts.gpu_device) continue;
-    for (Outputs& o : gpu_device_outputs(r.k, r.gpu_models, rep.notes, &why)) r.impls.push_back(std::move(o));
+    try {
+      for (Outputs& o : gpu_device_outputs(r.k, r.gpu_models, rep.notes, &why)) r.impls.push_back(std::move(o));
+    } catch (const std::exception& e) {  // a failing kernel launch: say so, keep the CPU rows
+      rep.notes.push_back("GPU run failed in profile " + to_string(r.k.cfg.profile) + ": " + e.what());
+    }
   }
   if (any && opts.gpu_device && !why.empty()) rep.notes.push_back("no CUDA device: GPU rows skipped (" + why + ")");
 }
