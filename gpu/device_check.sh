@@ -2,7 +2,9 @@
 # Every GPU check of the project in one run on a lent GPU (budget: under 5 minutes on an H200),
 # results under $OUT. Uses a build made beforehand by gpu/prepare_device_bundle.sh (the device
 # machine has nvcc but not the project's Debian libraries), carried as build-device/:
-#   device run: command "bash gpu/device_check.sh", carry ["build-device"], timeout_s 420
+#   device run: command "bash gpu/device_check.sh", carry ["build-device"], timeout_s 360
+# (the three steps are capped at 150 + 45 + 90 s, so the whole run stays under 5 minutes), then
+# give the device back and commit $OUT under reports/ with the device, driver, date and commit.
 # Files written: device.txt (nvidia-smi, driver, date), kernels-vs-model.txt (bit-exactness of
 # every kernel against its CPU model), report.md (qkmla report with gpu.absorbed/gpu.explicit
 # rows and the kernel-vs-model notes), bench.md (the paper's decode table), ptxas.txt.
@@ -22,7 +24,7 @@ step() {  # name, seconds, command...: run with a time limit, log its exit code
 }
 { date -u; echo "commit $QKMLA_COMMIT"; nvidia-smi || true; } > "$OUT/device.txt" 2>&1
 cp "$B/ptxas.txt" "$OUT/ptxas.txt" 2>/dev/null
-step kernels-vs-model 170 "$B/tests/gpu_device_tests" bits > "$OUT/kernels-vs-model.txt" 2>&1
-step bench 60 "$B/src/qkmla" bench --format md -o "$OUT/bench.md" 2>> "$OUT/steps.txt"
-step report 150 "$B/src/qkmla" report --threads 16 --format md -o "$OUT/report.md" 2>> "$OUT/steps.txt"
+step kernels-vs-model 150 "$B/tests/gpu_device_tests" bits > "$OUT/kernels-vs-model.txt" 2>&1
+step bench 45 "$B/src/qkmla" bench --format md -o "$OUT/bench.md" 2>> "$OUT/steps.txt"
+step report 90 "$B/src/qkmla" report --threads 16 --format md -o "$OUT/report.md" 2>> "$OUT/steps.txt"
 cat "$OUT/steps.txt"
