@@ -103,23 +103,16 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
           R, d.r, plan.pages_per_split, plan.max_splits, seq.get<int>(), o_part.get<float>(),
           lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
     };
-    cudaEvent_t e0, e1;
-    QK_CUDA(cudaEventCreate(&e0));
-    QK_CUDA(cudaEventCreate(&e1));
+    EventTimer timer;
     std::vector<float> t_norm, t_plain;
     for (int rep = 0; rep < bo.warmup + bo.reps; ++rep)
       for (bool norm : {true, false}) {  // interleaved, so drift hits both alike
-        QK_CUDA(cudaEventRecord(e0));
+        timer.start();
         step(norm);
-        QK_CUDA(cudaEventRecord(e1));
-        QK_CUDA(cudaEventSynchronize(e1));
+        timer.stop();
         QK_CUDA(cudaGetLastError());
-        float ms = 0;
-        QK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        if (rep >= bo.warmup) (norm ? t_norm : t_plain).push_back(ms);
+        if (rep >= bo.warmup) (norm ? t_norm : t_plain).push_back(timer.ms());
       }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     const Timing tn = summarize(t_norm), tp = summarize(t_plain);
     BenchRow row;
     row.context = ctx;

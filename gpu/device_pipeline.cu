@@ -43,12 +43,6 @@ std::string device_description() {
 
 namespace {
 
-std::string device_name() {
-  cudaDeviceProp p{};
-  QK_CUDA(cudaGetDeviceProperties(&p, 0));
-  return p.name;
-}
-
 template <Store D, Store C>
 GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
   const Dims& d = c.d;
@@ -88,10 +82,8 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
                  cs.get<float>(), sn.get<float>(), w_uk.get(), w_uv.get(), kcache.get(),
                  vcache.get(), rope.get(), kscale.get<float>(), alpha_k.get<float>()});
   QK_CUDA(cudaGetLastError());
-  cudaEvent_t e0, e1;
-  QK_CUDA(cudaEventCreate(&e0));
-  QK_CUDA(cudaEventCreate(&e1));
-  QK_CUDA(cudaEventRecord(e0));
+  EventTimer timer;
+  timer.start();
   if (plan.max_splits > 0) {
     const DecodeArgs da{d,
                         o.qk_norm && !ex,
@@ -126,18 +118,15 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
       CombineArgs{R, n_v, plan.pages_per_split, int(splits), seq.get<int>(), o_part.get<float>(),
                   lse_part.get<float>(), latent.get<float>(), lse.get<float>()});
   QK_CUDA(cudaGetLastError());
-  QK_CUDA(cudaEventRecord(e1));
+  timer.stop();
   upproj_kernel<D>
       <<<unsigned(BR), 128>>>(UpArgs{d, ex, latent.get<float>(), w_uv.get(), out.get()});
   QK_CUDA(cudaGetLastError());
   QK_CUDA(cudaDeviceSynchronize());
-  float ms = 0;
-  QK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const float ms = timer.ms();
 
   GpuOutputs r;
-  r.device = device_name();
+  r.device = device_description();
   r.decode_ms = ms;
   r.pages_per_split = plan.pages_per_split;
   r.max_splits = plan.max_splits;
@@ -148,16 +137,7 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
     r.latent_out = download<float>(latent, BR * d.r);
     for (float& x : r.latent_out) x = round_store(D, x);
   }
-  const auto ak = download<float>(alpha_k, slots * d.G);
-  r.alpha_k.assign(size_t(d.B) * d.t_max * d.G, qk_nan());
-  for (int b = 0; b < d.B; ++b)
-    for (int t = 0; t < c.seqlens[size_t(b)]; ++t)
-      for (int g = 0; g < d.G; ++g)
-        r.alpha_k[(size_t(b) * d.t_max + size_t(t)) * d.G + size_t(g)] =
-            ak[(size_t(pg.block_table[size_t(b) * pg.max_pages + size_t(t / kPage)]) * kPage +
-                size_t(t % kPage)) *
-                   d.G +
-               size_t(g)];
+  r.alpha_k = dense_from_paged(pg, c.seqlens, download<float>(alpha_k, slots * d.G), d.t_max, d.G);
   return r;
 }
 

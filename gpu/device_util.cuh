@@ -45,6 +45,32 @@ class DevBuf {
   size_t bytes_ = 0;
 };
 
+// Elapsed device time between start() and stop() on the default stream (CUDA events).
+class EventTimer {
+ public:
+  EventTimer() {
+    QK_CUDA(cudaEventCreate(&e0_));
+    QK_CUDA(cudaEventCreate(&e1_));
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  ~EventTimer() {
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+  }
+  void start() { QK_CUDA(cudaEventRecord(e0_)); }
+  void stop() { QK_CUDA(cudaEventRecord(e1_)); }
+  float ms() {  // waits for the stop event
+    QK_CUDA(cudaEventSynchronize(e1_));
+    float t = 0;
+    QK_CUDA(cudaEventElapsedTime(&t, e0_, e1_));
+    return t;
+  }
+
+ private:
+  cudaEvent_t e0_{}, e1_{};
+};
+
 template <class T>
 DevBuf upload(const std::vector<T>& h) {
   DevBuf d(h.size() * sizeof(T));

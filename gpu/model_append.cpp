@@ -29,17 +29,7 @@ void project_rows(const float* X, int rows, int n, const float* W, int cols, flo
 }  // namespace
 
 std::vector<float> ModelCache::dense_alpha_k(const GpuCase& c) const {
-  const Dims& d = c.d;
-  std::vector<float> a(size_t(d.B) * size_t(d.t_max) * size_t(d.G), qk_nan());
-  for (int b = 0; b < d.B; ++b)
-    for (int t = 0; t < c.seqlens[size_t(b)]; ++t) {
-      const size_t slot =
-          size_t(paging.block_table[size_t(b) * paging.max_pages + size_t(t / kPage)]) * kPage +
-          size_t(t % kPage);
-      for (int g = 0; g < d.G; ++g)
-        a[(size_t(b) * d.t_max + size_t(t)) * d.G + size_t(g)] = alpha_k[slot * d.G + size_t(g)];
-    }
-  return a;
+  return dense_from_paged(paging, c.seqlens, alpha_k, c.d.t_max, c.d.G);
 }
 
 ModelCache model_append(const GpuCase& c, bool explicit_form) {
@@ -66,10 +56,7 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
     if (explicit_form) project_rows(crows, T, d.r, c.w_uv.data(), vc, vals.data());
     for (int t = 0; t < T; ++t) {
       const size_t bt = size_t(b) * d.t_max + size_t(t);
-      const size_t slot =
-          size_t(mc.paging.block_table[size_t(b) * mc.paging.max_pages + size_t(t / kPage)]) *
-              kPage +
-          size_t(t % kPage);
+      const size_t slot = slot_of(mc.paging, b, t);
       const float sc = fp8 ? c.kv_c_scale[bt] : 1.0f;
       float* key = &keys[size_t(t) * kc];
       if (fp8)

@@ -44,6 +44,25 @@ inline Paging make_paging(const std::vector<int>& seqlens) {
   return p;
 }
 
+// The cache slot of token t of sequence b (the device computes the same, kernels.cuh slot_of).
+inline size_t slot_of(const Paging& p, int b, int t) {
+  return size_t(p.block_table[size_t(b) * size_t(p.max_pages) + size_t(t / kPage)]) * kPage +
+         size_t(t % kPage);
+}
+
+// A paged per-token array [slots, width] as the dense [B, t_max, width] tensor of SPEC §2, NaN past
+// each T_b (how alpha_k is reported).
+inline std::vector<float> dense_from_paged(const Paging& p, const std::vector<int>& seqlens,
+                                           const std::vector<float>& paged, int t_max, int width) {
+  std::vector<float> dense(seqlens.size() * size_t(t_max) * size_t(width), qk_nan());
+  for (size_t b = 0; b < seqlens.size(); ++b)
+    for (int t = 0; t < seqlens[b]; ++t)
+      for (int w = 0; w < width; ++w)
+        dense[(b * size_t(t_max) + size_t(t)) * size_t(width) + size_t(w)] =
+            paged[slot_of(p, int(b), t) * size_t(width) + size_t(w)];
+  return dense;
+}
+
 // Query rows of one decode block: row index i * H + h within the sequence, -1 past the end. The
 // absorbed form groups any 16 rows (all share the latent cache); the explicit form groups rows of
 // one key group (they share its keys and values).

@@ -24,11 +24,11 @@ std::vector<Acc> latent_rows(const Case& k, int b, int64_t T) {
   const Tensor& kv = k.get("kv_c");
   const int64_t r = kv.shape[2], base = kv.index({b, 0, 0});
   std::vector<Acc> out(static_cast<size_t>(T * r));
-  const bool fp8 = k.has("kv_c_scale");
+  const Tensor* scale = k.has("kv_c_scale") ? &k.get("kv_c_scale") : nullptr;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t l = 0; l < r; ++l) {
       const double code = kv[base + t * r + l];
-      out[size_t(t * r + l)] = fp8 ? Acc(code) * Acc(k.get("kv_c_scale").at({b, t})) : Acc(code);
+      out[size_t(t * r + l)] = scale ? Acc(code) * Acc(scale->at({b, t})) : Acc(code);
     }
   return out;
 }
