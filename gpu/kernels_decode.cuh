@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
             [&](int j) { return qr_s[k][j]; }, [&](int m) { return rreg[m]; }, d.d_r, lane));
         if (lane == 0) {
           const int i = row / d.H, h = row % d.H;
-          const bool visible = !d.causal || t0 + tt <= T - d.S_q + i;
+          const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
           const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
           lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, lat, rope) : -qk_inf();
         }

@@ -92,7 +92,7 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
         float lat = tree32(lanes);
         if (mc.scaled) lat = lat * mc.scale[slot];
         const float rope = tree32(rl);
-        const bool visible = !d.causal || t0 + tt <= T - d.S_q + i;
+        const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
         logits[k][tt] = visible ? logit(d, qk_norm, q.alpha_q[br],
                                         mc.alpha_k[slot * d.G + size_t(d.group_of(h))], lat, rope)
                                 : -qk_inf();

@@ -2,6 +2,7 @@
 // device (kernels). Each function is what one thread does; the kernels call it from their thread
 // mapping, the model calls it in loops. Proof steps: proofs/gpu_kernels.md (K.1-K.7).
 #pragma once
+#include "core/attention_math.hpp"
 #include "math.hpp"
 
 namespace qkmla::gpu {
@@ -116,9 +117,8 @@ QK_HD void explicit_key_content(const Dims& d, const float* key, const float* g_
 // already normalized). Masked tokens are -inf, set by the caller.
 QK_HD float logit(const Dims& d, bool qk_norm, float alpha_q, float alpha_k, float latent,
                   float rope) {
-  if (!qk_norm) return d.scale * (latent + rope);
-  const float s = alpha_q * alpha_k;
-  return d.unified ? d.scale * (s * (latent + rope)) : d.scale * (s * latent + rope);
+  if (!qk_norm) return plain_logit(d.scale, latent, rope);
+  return latent_logit(d.unified, d.scale, alpha_q * alpha_k, latent, rope);
 }
 
 // Online-softmax state of one row within a split.

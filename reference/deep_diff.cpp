@@ -1,10 +1,9 @@
-#include "deep_diff.hpp"
+#include "reference/deep_diff.hpp"
+
+#include <mpfr.h>
 
 #include <algorithm>
 #include <cmath>
-#include <mpfr.h>
-
-#include "metrics/compare.hpp"
 
 namespace qkmla::ref {
 
@@ -18,7 +17,8 @@ void value(mpfr_t x, const Outputs& o, const std::string& name, int64_t i) {
 }
 }  // namespace
 
-double deep_rel_diff(const Case& k, const Outputs& a, const Outputs& truth, const std::vector<std::string>& tensors) {
+double deep_rel_diff(const Case& k, const Outputs& a, const Outputs& truth,
+                     const std::vector<std::string>& tensors) {
   mpfr_t x, y;
   mpfr_inits2(8192, x, y, (mpfr_ptr) nullptr);
   double worst = 0;

@@ -11,6 +11,7 @@ namespace qkmla::ref {
 
 // Worst normwise relative difference over rows (out: per d_v-vector; lse: relative to
 // max(|lse|, 1)), like agreeing_bits, but from the full expansions.
-double deep_rel_diff(const Case& k, const Outputs& a, const Outputs& truth, const std::vector<std::string>& tensors);
+double deep_rel_diff(const Case& k, const Outputs& a, const Outputs& truth,
+                     const std::vector<std::string>& tensors);
 
 }  // namespace qkmla::ref

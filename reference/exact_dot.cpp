@@ -1,11 +1,11 @@
-#include "exact_dot.hpp"
+#include "reference/exact_dot.hpp"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace qkmla::ref {
@@ -67,8 +67,10 @@ Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double
       double h = A[i * lda + l], lo = 0;
       if (parts == 2) split(A[i * lda + l], h, lo);
       double* dst = &e.a[size_t(i * e.n2 + l * parts * parts)];
-      if (parts == 1) dst[0] = h;
-      else dst[0] = dst[1] = h, dst[2] = dst[3] = lo;
+      if (parts == 1)
+        dst[0] = h;
+      else
+        dst[0] = dst[1] = h, dst[2] = dst[3] = lo;
     }
   for (int64_t l = 0; l < n; ++l)
     for (int64_t j = 0; j < k; ++j) {
@@ -129,7 +131,7 @@ constexpr int kVec = 4, kBlockVecs = kBlock / kVec;
 int trailing_exponent(double x) {
   int e;
   const double m = std::frexp(std::fabs(x), &e);  // m in [0.5, 1)
-  const auto bits = int64_t(std::ldexp(m, 53));    // exact: 53-bit integer significand
+  const auto bits = int64_t(std::ldexp(m, 53));   // exact: 53-bit integer significand
   return e - 53 + __builtin_ctzll(uint64_t(bits));
 }
 
@@ -191,13 +193,22 @@ void block_kernel(const double* a, int64_t n2, const double* b, int64_t ldb, int
 }
 
 template <bool kTwoProd>
-void dispatch(int L, const double* a, int64_t n2, const double* b, int64_t ldb, int64_t k, int64_t j0,
-              const double* colmax, double rowmax, int M, double shrink, double* terms) {
+void dispatch(int L, const double* a, int64_t n2, const double* b, int64_t ldb, int64_t k,
+              int64_t j0, const double* colmax, double rowmax, int M, double shrink,
+              double* terms) {
   switch (L) {
-    case 1: block_kernel<1, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
-    case 2: block_kernel<2, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
-    case 3: block_kernel<3, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
-    default: block_kernel<4, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms); break;
+    case 1:
+      block_kernel<1, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms);
+      break;
+    case 2:
+      block_kernel<2, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms);
+      break;
+    case 3:
+      block_kernel<3, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms);
+      break;
+    default:
+      block_kernel<4, kTwoProd>(a, n2, b, ldb, k, j0, colmax, rowmax, M, shrink, terms);
+      break;
   }
 }
 
@@ -254,20 +265,24 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
         double* terms = &out.terms_[size_t(i * k * ExactProduct::kLevels)];
         const double rm = rowmax[size_t(i)];
         const double* b = e.b.data();
-        if (e.two_prod) dispatch<true>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink, terms);
-        else dispatch<false>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink, terms);
+        if (e.two_prod)
+          dispatch<true>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink,
+                         terms);
+        else
+          dispatch<false>(levels[size_t(i)], a, e.n2, b, e.kp, k, j0, colmax.data(), rm, M, shrink,
+                          terms);
       }
   };
   for (int64_t i = 0; i < m; ++i) {  // extreme exponent spread: scalar extraction, entry by entry
     if (levels[size_t(i)] <= ExactProduct::kLevels) continue;
     for (int64_t j = 0; j < k; ++j) {
-        std::vector<double> p;
-        for (int64_t l = 0; l < e.n2; ++l) {
-          const double x = e.a[size_t(i * e.n2 + l)], y = e.b[size_t(l * e.kp + j)];
-          p.push_back(x * y);
-          if (e.two_prod) p.push_back(std::fma(x, y, -p.back()));
-        }
-        out.long_terms_[i * k + j] = exact_sum(std::move(p), M);
+      std::vector<double> p;
+      for (int64_t l = 0; l < e.n2; ++l) {
+        const double x = e.a[size_t(i * e.n2 + l)], y = e.b[size_t(l * e.kp + j)];
+        p.push_back(x * y);
+        if (e.two_prod) p.push_back(std::fma(x, y, -p.back()));
+      }
+      out.long_terms_[i * k + j] = exact_sum(std::move(p), M);
     }
   }
   rows(0, m);  // single-threaded: callers run independent products side by side

@@ -23,8 +23,8 @@ class ExactProduct {
   int max_terms() const;
 
  private:
-  friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*,
-                                   int64_t, int64_t);
+  friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*, int64_t,
+                                   int64_t);
   std::vector<double> terms_;  // [rows, cols, kLevels]
   std::unordered_map<int64_t, std::vector<double>> long_terms_;
 };

@@ -1,4 +1,4 @@
-#include "mp.hpp"
+#include "reference/mp.hpp"
 
 #include <cmath>
 #include <stdexcept>

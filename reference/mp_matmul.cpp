@@ -1,4 +1,4 @@
-#include "mp_matmul.hpp"
+#include "reference/mp_matmul.hpp"
 
 #include <climits>
 
@@ -22,18 +22,20 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
   // leaves exact_matmul's range.
   std::vector<long> shift(static_cast<size_t>(rows), 0);
   std::vector<double> X(static_cast<size_t>(rows * parts * n), 0.0);  // [rows*parts, n]
-  std::vector<std::pair<int64_t, int64_t>> small;                      // (row, l)
+  std::vector<std::pair<int64_t, int64_t>> small;                     // (row, l)
   std::vector<double> tmp(static_cast<size_t>(parts), 0.0);
   Mp scaled;
   for (int64_t i = 0; i < rows; ++i) {
     const MpVec& xi = x[size_t(i)];
     long emax = LONG_MIN;
     for (const Mp& v : xi)
-      if (!mpfr_zero_p(v.backend().data())) emax = std::max(emax, long(mpfr_get_exp(v.backend().data())));
+      if (!mpfr_zero_p(v.backend().data()))
+        emax = std::max(emax, long(mpfr_get_exp(v.backend().data())));
     if (emax == LONG_MIN) continue;
     shift[size_t(i)] = emax;
     for (int64_t l = 0; l < int64_t(xi.size()); ++l) {
-      mpfr_mul_2si(scaled.backend().data(), xi[size_t(l)].backend().data(), -emax, MPFR_RNDN);  // exact
+      mpfr_mul_2si(scaled.backend().data(), xi[size_t(l)].backend().data(), -emax,
+                   MPFR_RNDN);  // exact
       if (mpfr_zero_p(scaled.backend().data())) continue;
       if (mpfr_get_exp(scaled.backend().data()) < -300) {
         small.emplace_back(i, l);
@@ -54,7 +56,8 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
   Mp prod;
   for (const auto& [i, l] : small)
     for (int64_t j = 0; j < cols; ++j) {
-      mpfr_mul_d(prod.backend().data(), x[size_t(i)][size_t(l)].backend().data(), D[l * ld + j], MPFR_RNDN);
+      mpfr_mul_d(prod.backend().data(), x[size_t(i)][size_t(l)].backend().data(), D[l * ld + j],
+                 MPFR_RNDN);
       mpfr_add(y[size_t(i)][size_t(j)].backend().data(), y[size_t(i)][size_t(j)].backend().data(),
                prod.backend().data(), MPFR_RNDN);
     }

@@ -4,8 +4,8 @@
 #pragma once
 #include <vector>
 
-#include "exact_dot.hpp"
-#include "ref_common.hpp"
+#include "reference/exact_dot.hpp"
+#include "reference/ref_common.hpp"
 
 namespace qkmla::ref {
 

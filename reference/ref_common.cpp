@@ -1,4 +1,4 @@
-#include "ref_common.hpp"
+#include "reference/ref_common.hpp"
 
 #include <cmath>
 #include <limits>
@@ -75,12 +75,15 @@ void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x) {
   }
   const int parts = parts_for(int(mpfr_get_prec(x.backend().data())));
   std::vector<double> p(static_cast<size_t>(parts), 0.0);
-  if (mpfr_number_p(x.backend().data())) to_parts(x, p.data(), parts);
-  else p[0] = x.convert_to<double>();
+  if (mpfr_number_p(x.backend().data()))
+    to_parts(x, p.data(), parts);
+  else
+    p[0] = x.convert_to<double>();
   o.tensors[name][flat] = p[0];
   o.lo[name][flat] = parts > 1 ? p[1] : 0.0;
   std::vector<Tensor>& deep = o.deep[name];
-  while (int(deep.size()) < parts - 2) deep.push_back(Tensor(DType::F64, o.tensors[name].shape, 0.0));
+  while (int(deep.size()) < parts - 2)
+    deep.push_back(Tensor(DType::F64, o.tensors[name].shape, 0.0));
   for (int i = 2; i < parts; ++i) deep[size_t(i - 2)][flat] = p[size_t(i)];
 }
 

@@ -5,13 +5,13 @@
 
 #include "core/case.hpp"
 #include "core/outputs.hpp"
-#include "mp.hpp"
+#include "reference/mp.hpp"
 
 namespace qkmla::ref {
 
 using MpVec = std::vector<Mp>;
 
-MpVec to_mp(const double* p, int n);                      // exact
+MpVec to_mp(const double* p, int n);                       // exact
 Mp sum_squares(const MpVec& z, int from = 0, int n = -1);  // sum_j z_j^2
 // E.2: 1 / S with S = sqrt(sum_sq / n + eps): eps inside the root.
 Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps);

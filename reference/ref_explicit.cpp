@@ -1,8 +1,9 @@
 // ref.explicit: SPEC §1.1 evaluated stage by stage (proofs/reference.md, steps E.1-E.7, U.1).
 #include <chrono>
 
-#include "ref_common.hpp"
-#include "reference.hpp"
+#include "core/attention_math.hpp"
+#include "reference/ref_common.hpp"
+#include "reference/reference.hpp"
 
 namespace qkmla::ref {
 
@@ -24,13 +25,18 @@ QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps) {
   const int64_t pos = k.pos(b, i);
   const bool has_pos = pos >= 0;  // T_b = 0: no position, no visible key
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
+  if (c.norm == NormMode::None) {  // plain MLA: raw content, rotated raw rope part
+    row.alpha_q = 1;
+    if (has_pos) rotate(row.qr, k, pos);
+    return row;
+  }
   if (c.norm == NormMode::Blockwise) {
-    row.alpha_q = inv_rms(sum_squares(row.qc), c.d_c, eps);             // E.2
-    scale_gain(row.qc, 0, c.d_c, k.get("gamma_cq"), 0, row.alpha_q);   // E.3
+    row.alpha_q = inv_rms(sum_squares(row.qc), c.d_c, eps);           // E.2
+    scale_gain(row.qc, 0, c.d_c, k.get("gamma_cq"), 0, row.alpha_q);  // E.3
     if (!has_pos) return row;
-    if (!ntr) rotate(row.qr, k, pos);                                   // E.4 (rope_then_norm)
+    if (!ntr) rotate(row.qr, k, pos);  // E.4 (rope_then_norm)
     scale_gain(row.qr, 0, c.d_r, k.get("gamma_rq"), 0, inv_rms(sum_squares(row.qr), c.d_r, eps));
-    if (ntr) rotate(row.qr, k, pos);                                    // E.4 (norm_then_rope)
+    if (ntr) rotate(row.qr, k, pos);  // E.4 (norm_then_rope)
     return row;
   }
   // U.1: one statistic over [content; rope], the rope part rotated first in rope_then_norm.
@@ -64,9 +70,15 @@ KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
   rotate(zk_rot, k, t);
   for (int g = 0; g < c.groups; ++g) {
     MpVec k0c(size_t(c.d_c));  // E.1: k0c[t, g] = c[t] . WK_g, exact then rounded once
-    for (int j = 0; j < c.d_c; ++j) set_expansion(k0c[size_t(j)], d.k0c[size_t(b)].entry(t, g * c.d_c + j));
+    for (int j = 0; j < c.d_c; ++j)
+      set_expansion(k0c[size_t(j)], d.k0c[size_t(b)].entry(t, g * c.d_c + j));
+    if (c.norm == NormMode::None) {  // plain MLA: the raw key
+      row.alpha_k.push_back(Mp(1));
+      row.kc.push_back(std::move(k0c));
+      continue;
+    }
     if (c.norm == NormMode::Blockwise) {
-      row.alpha_k.push_back(inv_rms(sum_squares(k0c), c.d_c, eps));       // E.2
+      row.alpha_k.push_back(inv_rms(sum_squares(k0c), c.d_c, eps));         // E.2
       scale_gain(k0c, 0, c.d_c, k.get("gamma_ck"), 0, row.alpha_k.back());  // E.3
       row.kc.push_back(std::move(k0c));
       continue;
@@ -80,6 +92,7 @@ KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
     row.kc.push_back(std::move(k0c));
     row.kr.push_back(std::move(kr));
   }
+  if (c.norm == NormMode::None) row.kr.push_back(zk_rot);
   if (c.norm == NormMode::Blockwise) {
     MpVec kr = ntr ? zk : zk_rot;
     scale_gain(kr, 0, c.d_r, k.get("gamma_rk"), 0, inv_rms(sum_squares(kr), c.d_r, eps));
@@ -115,11 +128,12 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
         store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), key.alpha_k[size_t(g)]);
       for (int i = 0; i < c.s_q; ++i)
         for (int h = 0; h < c.heads; ++h) {
-          if (!k.causal_visible(b, i, t)) continue;
+          if (!token_visible(c.causal, T, c.s_q, i, t)) continue;
           const QueryRow& q = rows[size_t(i * c.heads + h)];
           const size_t g = size_t(c.group_of(h));
           const MpVec& kr = key.kr[key.kr.size() == 1 ? 0 : g];
-          logits[size_t(i * c.heads + h)].push_back(scale * (dot(q.qc, key.kc[g]) + dot(q.qr, kr)));
+          logits[size_t(i * c.heads + h)].push_back(
+              plain_logit(scale, dot(q.qc, key.kc[g]), dot(q.qr, kr)));
         }
     }
     std::vector<MpVec> probs(rows.size());  // E.6
@@ -142,9 +156,10 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
       for (size_t j = 0; j < ct.size(); ++j) ct[j] = kv.at({b, t, int64_t(j)});
       for (size_t row = 0; row < rows.size(); ++row) {
         const int i = int(row) / c.heads, h = int(row) % c.heads;
-        if (!k.causal_visible(b, i, t)) continue;
+        if (!token_visible(c.causal, T, c.s_q, i, t)) continue;
         const Mp& p = probs[row][seen[row]++];
-        for (int j = 0; j < c.d_v; ++j) mac(out[row][size_t(j)], p, v[size_t(c.group_of(h))][size_t(j)], tmp);
+        for (int j = 0; j < c.d_v; ++j)
+          mac(out[row][size_t(j)], p, v[size_t(c.group_of(h))][size_t(j)], tmp);
         if (with_latent_out)
           for (int j = 0; j < c.latent_rank; ++j) mac(lat[row][size_t(j)], p, ct[size_t(j)], tmp);
       }
@@ -156,6 +171,10 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
         for (int j = 0; j < c.latent_rank; ++j)
           store(o, "latent_out", base * c.latent_rank + j, lat[row][size_t(j)]);
     }
+  }
+  if (c.norm == NormMode::None) {  // plain MLA reports no statistics
+    o.tensors.erase("alpha_q"), o.lo.erase("alpha_q");
+    o.tensors.erase("alpha_k"), o.lo.erase("alpha_k");
   }
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;

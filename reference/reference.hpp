@@ -6,7 +6,9 @@
 
 #include "core/case.hpp"
 #include "core/outputs.hpp"
-#include "exact_dot.hpp"
+#include "core/perturbation.hpp"
+#include "core/variant.hpp"
+#include "reference/exact_dot.hpp"
 
 namespace qkmla::ref {
 
@@ -20,19 +22,11 @@ Dots exact_dots(const Case& k);
 
 // Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders.
 Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out);
-// The SPEC §1.2 variants (and two mutants) of the absorbed form, evaluated at the reference's
-// precision for convergence studies (qkmla converge). Default: the form of A.1-A.6.
-struct AbsorbedOptions {
-  bool alpha_q_folded = false;  // alpha_q folded into q_latent (and, unified, the query rope)
-  bool q_normed_first = false;  // (qc^ (.) gamma_k) . WK^T: only alpha_k after the dot
-  bool gamma_merged = false;    // WK (.) gamma_q gamma_k formed once (rounded to P) before use
-  bool gram_alpha_k = false;    // alpha_k from c (WK_g WK_g^T) c^T / d_c + eps
-  bool no_gamma_k = false;      // mutant: gamma_k not absorbed
-  bool eps_outside_sqrt = false;  // mutant: 1 / (sqrt(mean z^2) + eps)
-};
-
-// Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent.
-Outputs ref_absorbed(const Case& k, const Dots& d, const AbsorbedOptions& opt = {});
+// Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent (norm none: no alpha_q, alpha_k). A
+// variant of SPEC §1.2 (the shared vocabulary of core/variant.hpp; alpha_k_bf16 is a profile
+// option and means nothing here) and a perturbation (a mutant, for convergence studies).
+Outputs ref_absorbed(const Case& k, const Dots& d, Variant v = Variant::Default,
+                     const Perturbation& p = {});
 // Kernel-level case (SPEC §2): latent_out and lse from the rounded kernel inputs.
 Outputs ref_kernel(const Case& kernel_case);
 

@@ -8,6 +8,7 @@
 
 #include "core/generator.hpp"
 #include "core/presets.hpp"
+#include "harness/registry.hpp"
 
 namespace qkmla::test {
 
@@ -28,6 +29,19 @@ inline MlaConfig tiny_config(Profile p, std::vector<int> seqlens, int s_q = 1,
   c.norm = norm;
   c.seed = seed;
   return c;
+}
+
+// The registered CPU implementations of a case (cpu.explicit, then every cpu.absorbed variant),
+// named, from the one registry.
+inline std::vector<ImplId> cpu_ids(const MlaConfig& c) {
+  std::vector<ImplId> ids;
+  for (const ImplId& id : registered_ids(c, kReport))
+    if (id.family == Family::Cpu) ids.push_back(id);
+  return ids;
+}
+
+inline bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
 }
 
 }  // namespace qkmla::test

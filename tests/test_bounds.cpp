@@ -5,10 +5,9 @@
 #include <cmath>
 
 #include "helpers.hpp"
-#include "impl/cpu_impls.hpp"
 #include "metrics/compare.hpp"
-#include "mp.hpp"
-#include "reference.hpp"
+#include "reference/mp.hpp"
+#include "reference/reference.hpp"
 
 using namespace qkmla;
 
@@ -21,8 +20,8 @@ struct Tightness {
 
 // |x - truth| <= bound + 2^-100 |truth| (the reference's own error: it agrees with its 2P run on
 // more than 100 bits, reference.* tests and reports/).
-void check_within(const Tensor& x, const Tensor& truth, const Tensor& bound, const std::vector<bool>& mask,
-                  const std::string& what, Tightness& t) {
+void check_within(const Tensor& x, const Tensor& truth, const Tensor& bound,
+                  const std::vector<bool>& mask, const std::string& what, Tightness& t) {
   int shown = 0;
   for (int64_t i = 0; i < truth.numel(); ++i) {
     if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(truth[i])) continue;
@@ -30,7 +29,9 @@ void check_within(const Tensor& x, const Tensor& truth, const Tensor& bound, con
     const double lim = bound[i] + std::ldexp(std::fabs(truth[i]), -100);
     ++t.checked;
     if (lim > 0) t.worst = std::max(t.worst, err / lim);
-    if (!(err <= lim) && shown++ < 3) FAIL_CHECK(what << " at " << shape_str(truth.unravel(i)) << ": error " << err << " > bound " << lim);
+    if (!(err <= lim) && shown++ < 3)
+      FAIL_CHECK(what << " at " << shape_str(truth.unravel(i)) << ": error " << err << " > bound "
+                      << lim);
   }
 }
 
@@ -44,17 +45,18 @@ void check_case(const MlaConfig& cfg, Tightness& t) {
     ex = ref::ref_explicit(k, d, false);
     ab = ref::ref_absorbed(k, d);
   }
-  std::vector<std::pair<Outputs, Outputs>> runs;  // (implementation, its bound)
-  runs.emplace_back(impl::cpu_explicit(k), impl::cpu_explicit_bounds(k));
-  std::vector<Outputs> impls = impl::cpu_absorbed_all(k), bounds = impl::cpu_absorbed_bounds(k);
-  REQUIRE(impls.size() == bounds.size());
-  for (size_t i = 0; i < impls.size(); ++i) runs.emplace_back(std::move(impls[i]), std::move(bounds[i]));
-  for (const auto& [o, b] : runs) {
-    REQUIRE(b.impl == "bound." + o.impl);
+  const std::vector<ImplId> ids = test::cpu_ids(k.cfg);
+  const std::vector<Outputs> impls = run_impls(k, ids);
+  const std::map<std::string, Outputs> bounds = run_bounds(k, ids);
+  REQUIRE(bounds.size() == impls.size());
+  for (const Outputs& o : impls) {
+    REQUIRE(bounds.count(o.impl));
+    const Outputs& b = bounds.at(o.impl);
     for (const char* name : {"out", "lse", "alpha_k", "latent_out"}) {
       if (!o.tensors.count(name)) continue;
       const Outputs& truth = std::string(name) == "latent_out" ? ab : ex;
-      check_within(o.tensors.at(name), truth.tensors.at(name), b.tensors.at(name), valid_mask(k, name), o.impl + " " + name, t);
+      check_within(o.tensors.at(name), truth.tensors.at(name), b.tensors.at(name),
+                   valid_mask(k, name), o.impl + " " + name, t);
     }
   }
 }

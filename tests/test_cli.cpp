@@ -10,16 +10,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
-#include <set>
-
-#include "io/case_io.hpp"
-#include "io/safetensors.hpp"
+#include "gpu/qkmla_gpu.hpp"
 #include "impl/gpu_impl.hpp"
 #include "impl/kernel_level.hpp"
-#include "qkmla_gpu.hpp"
+#include "io/case_io.hpp"
+#include "io/safetensors.hpp"
 
 namespace {
 
@@ -103,7 +102,8 @@ std::vector<unsigned char> slurp(const std::string& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 void spit(const std::string& p, const std::vector<unsigned char>& b) {
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
 
 // A golden case and a copy of its reference as "outputs" (which must pass).
@@ -113,7 +113,8 @@ struct Golden {
   std::string gcase = dir + "/case.safetensors", outs = dir + "/outs.safetensors";
   Golden() {
     std::filesystem::create_directories(dir);
-    REQUIRE(run("golden --preset tiny --profile fp32 --seqlens 0,9,21 --sq 2 -o " + gcase).code == 0);
+    REQUIRE(run("golden --preset tiny --profile fp32 --seqlens 0,9,21 --sq 2 -o " + gcase).code ==
+            0);
     qkmla::SafetensorsFile f = qkmla::read_safetensors(gcase);
     qkmla::SafetensorsFile o;
     for (const char* t : {"out", "lse"}) {
@@ -149,11 +150,15 @@ TEST_CASE("cli.golden_audit.pass_and_fail") {
 TEST_CASE("cli.audit.lse_conventions") {
   Golden g;
   qkmla::SafetensorsFile o = qkmla::read_safetensors(g.outs);
-  for (double& v : o.tensors["lse"].data) v = std::isinf(v) ? INFINITY : double(float(v / std::log(2.0)));
+  for (double& v : o.tensors["lse"].data)
+    v = std::isinf(v) ? INFINITY : double(float(v / std::log(2.0)));
   qkmla::write_safetensors(g.dir + "/base2.safetensors", o);
-  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors").code == 1);  // read as base e: wrong
-  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2").code == 1);  // +inf rows
-  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2 --empty-lse=+inf").code == 0);
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors").code ==
+        1);  // read as base e: wrong
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2").code ==
+        1);  // +inf rows
+  CHECK(run("audit " + g.gcase + " " + g.dir + "/base2.safetensors --lse-base 2 --empty-lse=+inf")
+            .code == 0);
 }
 
 TEST_CASE("cli.malformed_inputs_exit_2") {
@@ -182,7 +187,8 @@ TEST_CASE("cli.malformed_inputs_exit_2") {
     std::vector<unsigned char> bytes;
     const char* message;
   };
-  std::vector<unsigned char> truncated(good.begin(), good.begin() + std::ptrdiff_t(good.size() / 2));
+  std::vector<unsigned char> truncated(good.begin(),
+                                       good.begin() + std::ptrdiff_t(good.size() / 2));
   std::vector<unsigned char> past = good;
   const uint64_t huge = good.size() + 100;
   std::memcpy(past.data(), &huge, 8);
@@ -208,7 +214,8 @@ TEST_CASE("cli.malformed_inputs_exit_2") {
       {"missing tensor", with_header(missing.dump()), "w_uv: missing tensor"},
       {"shape vs config", with_header(shape.dump()), "w_uk: shape [64, 16] does not match"},
       {"config mismatch", replace("\\\"heads\\\":4", "\\\"heads\\\":8"), "does not match"},
-      {"unknown config key", replace("\\\"causal\\\"", "\\\"casual\\\""), "casual: unknown config key"},
+      {"unknown config key", replace("\\\"causal\\\"", "\\\"casual\\\""),
+       "casual: unknown config key"},
   };
   // NaN inside a read input: q_nope's first value.
   std::vector<unsigned char> nan_bytes = good;
@@ -238,25 +245,35 @@ TEST_CASE("cli.malformed_inputs_exit_2") {
 TEST_CASE("cli.gate.junit_validates_and_shards_merge") {
   const std::string dir = "/tmp/qkmla_cli_gate_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/g.toml") << "[[entry]]\npresets = [\"tiny\"]\nprofiles = [\"bf16\", \"fp64\"]\nseqlens = [5, 12]\nsq = 2\n"
-                                    "impls = [\"cpu.absorbed\", \"cpu.absorbed.gamma_merged\"]\n[[entry]]\nname = \"m\"\npresets = [\"tiny\"]\nscenarios = [\"normal\", \"tiny_keys\"]\nprofiles = [\"fp64\", \"fp32\"]\n"
-                                    "seqlens = [5, 12]\nsq = 2\nimpls = [\"mutant.*\"]\nexpect = \"fail\"\n";
+  std::ofstream(dir + "/g.toml")
+      << "[[entry]]\npresets = [\"tiny\"]\nprofiles = [\"bf16\", \"fp64\"]\nseqlens = [5, 12]\nsq "
+         "= 2\n"
+         "impls = [\"cpu.absorbed\", \"cpu.absorbed.gamma_merged\"]\n[[entry]]\nname = "
+         "\"m\"\npresets = [\"tiny\"]\nscenarios = [\"normal\", \"tiny_keys\"]\nprofiles = "
+         "[\"fp64\", \"fp32\"]\n"
+         "seqlens = [5, 12]\nsq = 2\nimpls = [\"mutant.*\"]\nexpect = \"fail\"\n";
   Run whole = run("gate --config " + dir + "/g.toml --junit " + dir + "/whole.xml");
   CAPTURE(whole.out);
   CHECK(whole.code == 0);
   const std::string last = whole.out.substr(whole.out.rfind('\n', whole.out.size() - 2) + 1);
   CHECK(last.find(" passed, 0 failed") != std::string::npos);
   for (int k = 1; k <= 2; ++k)
-    CHECK(run("gate --config " + dir + "/g.toml --shard " + std::to_string(k) + "/2 --format json -o " + dir + "/s" + std::to_string(k) + ".json").code == 0);
-  Run merged = run("gate --merge " + dir + "/s1.json " + dir + "/s2.json --junit " + dir + "/merged.xml");
+    CHECK(run("gate --config " + dir + "/g.toml --shard " + std::to_string(k) +
+              "/2 --format json -o " + dir + "/s" + std::to_string(k) + ".json")
+              .code == 0);
+  Run merged =
+      run("gate --merge " + dir + "/s1.json " + dir + "/s2.json --junit " + dir + "/merged.xml");
   CHECK(merged.code == 0);
   CHECK(merged.out.substr(merged.out.rfind('\n', merged.out.size() - 2) + 1) == last);
   // Well-formed, and the counts in the attributes match the testcases (Python's XML parser).
   for (const char* x : {"whole.xml", "merged.xml"}) {
-    const Run py = run_raw("python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
-                           "n = len(r.findall('.//testcase')); f = len(r.findall('.//failure')); "
-                           "assert int(r.get('tests')) == n and int(r.get('failures')) == f, (n, f); "
-                           "assert all(int(s.get('tests')) == len(s.findall('testcase')) for s in r); print('ok', n, f)\" " + dir + "/" + x);
+    const Run py = run_raw(
+        "python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+        "n = len(r.findall('.//testcase')); f = len(r.findall('.//failure')); "
+        "assert int(r.get('tests')) == n and int(r.get('failures')) == f, (n, f); "
+        "assert all(int(s.get('tests')) == len(s.findall('testcase')) for s in r); print('ok', n, "
+        "f)\" " +
+        dir + "/" + x);
     CAPTURE(py.out);
     CHECK(py.code == 0);
     CHECK(py.out.rfind("ok ", 0) == 0);
@@ -309,8 +326,11 @@ TEST_CASE("cli.report.refuses_an_inaccurate_reference") {
 TEST_CASE("cli.golden_audit.kernel_level") {
   const std::string dir = "/tmp/qkmla_cli_kernel_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  REQUIRE(run("golden --preset tiny --profile bf16 --level kernel --seqlens 0,17,40 --sq 2 -o " + dir + "/k.safetensors").code == 0);
-  const qkmla::CaseFile k = qkmla::read_case(dir + "/k.safetensors");  // validates the kernel-level shapes
+  REQUIRE(run("golden --preset tiny --profile bf16 --level kernel --seqlens 0,17,40 --sq 2 -o " +
+              dir + "/k.safetensors")
+              .code == 0);
+  const qkmla::CaseFile k =
+      qkmla::read_case(dir + "/k.safetensors");  // validates the kernel-level shapes
   CHECK(k.k.cfg.level == qkmla::Level::Kernel);
   CHECK(k.k.has("q_latent"));
   CHECK(k.k.has("alpha_k"));
@@ -323,7 +343,8 @@ TEST_CASE("cli.golden_audit.kernel_level") {
   }
   qkmla::write_safetensors(dir + "/o.safetensors", o);
   CHECK(run("audit " + dir + "/k.safetensors " + dir + "/o.safetensors").code == 0);
-  o.tensors["latent_out"].at({2, 1, 3, 7}) *= 1.5;  // one element, 50 % off: rel_l2 ~ 10x the baseline
+  o.tensors["latent_out"].at({2, 1, 3, 7}) *=
+      1.5;  // one element, 50 % off: rel_l2 ~ 10x the baseline
   qkmla::write_safetensors(dir + "/bad.safetensors", o);
   const Run r = run("audit " + dir + "/k.safetensors " + dir + "/bad.safetensors");
   CHECK(r.code == 1);
@@ -347,8 +368,8 @@ TEST_CASE("cli.report_fp8_and_gpu_rows") {
   const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   std::set<std::string> impls;
   for (const auto& row : j["rows"]) impls.insert(row["impl"].get<std::string>());
-  for (const char* id : {"cpu.explicit.fp8", "cpu.absorbed.fp8", "gpu.model.fp8", "gpu.model.explicit.fp8",
-                         "gpu.model.bf16", "quant.fp8"})
+  for (const char* id : {"cpu.explicit.fp8", "cpu.absorbed.fp8", "gpu.model.fp8",
+                         "gpu.model.explicit.fp8", "gpu.model.bf16", "quant.fp8"})
     CHECK(impls.count(id) == 1);
   std::string why;
   if (!qkmla::gpu::device_available(&why)) {
@@ -365,11 +386,13 @@ TEST_CASE("cli.golden_audit.fp8_module_and_kernel_level") {
   // cache. Ignoring the scales must fail the audit.
   const std::string dir = "/tmp/qkmla_cli_fp8_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  REQUIRE(run("golden --preset tiny --profile fp8 --seqlens 0,70 --sq 2 -o " + dir + "/m.safetensors").code == 0);
+  REQUIRE(
+      run("golden --preset tiny --profile fp8 --seqlens 0,70 --sq 2 -o " + dir + "/m.safetensors")
+          .code == 0);
   const qkmla::CaseFile m = qkmla::read_case(dir + "/m.safetensors");
   REQUIRE(m.k.get("kv_c").dtype == qkmla::DType::F8_E4M3);
   auto write_outputs = [&](const qkmla::gpu::GpuOutputs& g, const std::string& path) {
-    const qkmla::Outputs o = qkmla::impl::from_gpu(m.k, g, "x");
+    const qkmla::Outputs o = qkmla::impl::from_gpu(m.k, g);
     qkmla::SafetensorsFile f;
     f.tensors["out"] = o.tensors.at("out");
     f.tensors["lse"] = o.tensors.at("lse");
@@ -385,7 +408,9 @@ TEST_CASE("cli.golden_audit.fp8_module_and_kernel_level") {
   write_outputs(qkmla::gpu::run_model(no_scale, {}), dir + "/bad.safetensors");
   CHECK(run("audit " + dir + "/m.safetensors " + dir + "/bad.safetensors").code == 1);
 
-  REQUIRE(run("golden --preset tiny --profile fp8 --level kernel --seqlens 0,70 --sq 2 -o " + dir + "/k.safetensors").code == 0);
+  REQUIRE(run("golden --preset tiny --profile fp8 --level kernel --seqlens 0,70 --sq 2 -o " + dir +
+              "/k.safetensors")
+              .code == 0);
   const qkmla::CaseFile k = qkmla::read_case(dir + "/k.safetensors");
   REQUIRE(k.k.has("kv_c_scale"));
   const qkmla::Outputs ko = qkmla::impl::cpu_kernel(k.k);

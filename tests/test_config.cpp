@@ -57,10 +57,12 @@ TEST_CASE("config.json_roundtrip_and_strict_keys") {
   CHECK(config_to_json(back) == config_to_json(c));
   std::string typo = config_to_json(c);
   typo.replace(typo.find("\"causal\""), 8, "\"casual\"");
-  CHECK_THROWS_WITH_AS(config_from_json(typo), doctest::Contains("casual: unknown config key"), ConfigError);
+  CHECK_THROWS_WITH_AS(config_from_json(typo), doctest::Contains("casual: unknown config key"),
+                       ConfigError);
   std::string wrong = config_to_json(c);
   wrong.replace(wrong.find("\"heads\":4"), 9, "\"heads\":\"4\"");
-  CHECK_THROWS_WITH_AS(config_from_json(wrong), doctest::Contains("heads: wrong type"), ConfigError);
+  CHECK_THROWS_WITH_AS(config_from_json(wrong), doctest::Contains("heads: wrong type"),
+                       ConfigError);
   CHECK_THROWS_AS(config_from_json("{\"heads\": 4}"), ConfigError);  // missing keys
   CHECK_THROWS_AS(config_from_json("not json"), ConfigError);
 }

@@ -55,11 +55,11 @@ TEST_CASE("dtype.overflow_to_inf") {
   const double inf = std::numeric_limits<double>::infinity();
   CHECK(round_to(DType::F16, 65504.0) == 65504.0);
   CHECK(round_to(DType::F16, 65519.99) == 65504.0);  // below max + half ulp
-  CHECK(round_to(DType::F16, 65520.0) == inf);        // the tie rounds to even: overflow
+  CHECK(round_to(DType::F16, 65520.0) == inf);       // the tie rounds to even: overflow
   CHECK(round_to(DType::F16, -1e6) == -inf);
   const double bf_max = std::ldexp(255.0, 120);
   CHECK(round_to(DType::BF16, bf_max) == bf_max);
-  CHECK(round_to(DType::BF16, bf_max + 0x1p119) == inf);      // exactly max + half ulp: tie, to even
+  CHECK(round_to(DType::BF16, bf_max + 0x1p119) == inf);  // exactly max + half ulp: tie, to even
   CHECK(round_to(DType::BF16, bf_max + 0x1p118) == bf_max);
   CHECK(round_to(DType::BF16, 1e300) == inf);
   CHECK(round_to(DType::F32, 1e300) == inf);
@@ -97,7 +97,8 @@ TEST_CASE("dtype.fast_path_matches_slow_path") {
     const float f = float(std::ldexp(rng.normal(), e));
     for (DType d : {DType::BF16, DType::F16}) {
       const double r = round_to(d, double(f));
-      const double up = std::nextafter(double(f), INFINITY), down = std::nextafter(double(f), -INFINITY);
+      const double up = std::nextafter(double(f), INFINITY),
+                   down = std::nextafter(double(f), -INFINITY);
       // a tie at f would go different ways at f +- 1 ulp(double); otherwise all three agree
       const double ru = round_to(d, up), rd = round_to(d, down);
       CHECK((r == ru || r == rd));

@@ -1,6 +1,5 @@
 // reference.exact_dot.*: exact_matmul against plain MPFR at a precision where every sum is exact.
 #include <doctest/doctest.h>
-
 #include <mpfr.h>
 
 #include <cmath>
@@ -8,8 +7,8 @@
 
 #include "core/dtype.hpp"
 #include "core/rng.hpp"
-#include "exact_dot.hpp"
 #include "helpers.hpp"
+#include "reference/exact_dot.hpp"
 
 using namespace qkmla;
 
@@ -17,10 +16,10 @@ namespace {
 
 // The exact dot product minus the expansion's exact sum, in MPFR with 4000 bits (products of
 // doubles and sums of a few hundred of them within 2^+-1100 are exact there). Returns true iff 0.
-bool exact_matches(const std::vector<double>& a, const std::vector<double>& b, int64_t n,
-                   int64_t k, int64_t i, int64_t j, const ref::ExactProduct& C) {
+bool exact_matches(const std::vector<double>& a, const std::vector<double>& b, int64_t n, int64_t k,
+                   int64_t i, int64_t j, const ref::ExactProduct& C) {
   mpfr_t acc, prod;
-  mpfr_inits2(4000, acc, prod, (mpfr_ptr)nullptr);
+  mpfr_inits2(4000, acc, prod, (mpfr_ptr) nullptr);
   mpfr_set_zero(acc, 1);
   for (int64_t l = 0; l < n; ++l) {
     mpfr_set_d(prod, a[size_t(i * n + l)], MPFR_RNDN);
@@ -29,7 +28,7 @@ bool exact_matches(const std::vector<double>& a, const std::vector<double>& b, i
   }
   for (double t : C.entry(i, j)) mpfr_sub_d(acc, acc, t, MPFR_RNDN);
   const bool ok = mpfr_zero_p(acc);
-  mpfr_clears(acc, prod, (mpfr_ptr)nullptr);
+  mpfr_clears(acc, prod, (mpfr_ptr) nullptr);
   return ok;
 }
 
@@ -40,7 +39,9 @@ void check_all(DType d, double spread, uint64_t seed) {
   const int64_t m = 9, n = 70, k = 37;  // ragged against the 16-column blocks
   std::vector<double> a(size_t(m * n)), b(size_t(n * k));
   // spread > 0: magnitudes 2^(-spread..spread) so that one dot needs several extraction levels.
-  auto draw = [&] { return round_to(d, rng.normal() * std::ldexp(1.0, int(spread * (2 * rng.uniform() - 1)))); };
+  auto draw = [&] {
+    return round_to(d, rng.normal() * std::ldexp(1.0, int(spread * (2 * rng.uniform() - 1))));
+  };
   for (double& x : a) x = draw();
   for (double& x : b) x = draw();
   a[3] = 0;  // zeros and exact cancellation must come out right too

@@ -1,10 +1,10 @@
 // gate.*: the default matrix passes every correct implementation and kills every mutant; shards
 // merge to the whole; budgets are data with sources; no false alarm over 50 seeds.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
-#include <unistd.h>
 
 #include "gate/run_gate.hpp"
 #include "helpers.hpp"
@@ -21,13 +21,13 @@ TEST_CASE("gate.default_config_passes_correct_and_kills_every_mutant") {
     if (!g.ok) FAIL_CHECK(g.classname << " " << g.name << ": " << g.message);
   CHECK(r.failed() == 0);
   // Every mutant x profile has a verdict (none skipped as not applicable everywhere), killed.
-  for (impl::Mutant m : impl::all_mutants())
-    for (const char* p : {"fp64", "fp32", "bf16", "fp16"}) {
-      CAPTURE(impl::mutant_name(m));
+  for (const impl::Mutant& m : impl::mutants())
+    for (const char* p : {"fp64", "fp32", "bf16", "fp16", "fp8"}) {
+      CAPTURE(m.name);
       CAPTURE(p);
       const GateCase* found = nullptr;
       for (const GateCase& g : tc)
-        if (g.mutant == impl::mutant_name(m) && g.profile == p) found = &g;
+        if (g.mutant == m.name && g.profile == p) found = &g;
       REQUIRE(found != nullptr);
       CHECK(found->ok);
     }
@@ -55,7 +55,8 @@ impls = ["cpu.absorbed", "mutant.no_eps", "mutant.lse_base2"]
   // no_eps survives in this entry's normal-scenario bf16 cases but dies in tiny_keys: aggregated.
   CHECK(whole.failed() > 0);  // mutants in an expect = "pass" entry fail it
   const std::string xml = junit_xml(whole);
-  CHECK(xml.find("tests=\"" + std::to_string(whole.testcases().size()) + "\"") != std::string::npos);
+  CHECK(xml.find("tests=\"" + std::to_string(whole.testcases().size()) + "\"") !=
+        std::string::npos);
   CHECK(xml.find("failures=\"" + std::to_string(whole.failed()) + "\"") != std::string::npos);
   // JSON round trip used by --merge
   const std::string path = "/tmp/qkmla_test_gate_results_" + std::to_string(getpid()) + ".json";
@@ -73,8 +74,10 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   m.rel_l2 = 1;
   // tiny preset: the measured budget (4) replaces k = 2; elsewhere k = 2.
   CHECK(judge(d, {"cpu.absorbed.bf16", "tiny", "normal", "bf16", "out"}, m, 3.0).pass);
-  CHECK_FALSE(judge(d, {"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"}, m, 3.0).pass);
-  CHECK(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, std::nan("")).pass);  // no baseline: not judged by it
+  CHECK_FALSE(
+      judge(d, {"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"}, m, 3.0).pass);
+  CHECK(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, std::nan(""))
+            .pass);  // no baseline: not judged by it
   m.nonfinite_mismatch = 1;
   CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0).pass);
   m.nonfinite_mismatch = 0;
@@ -82,26 +85,30 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0).pass);  // NaN never passes
   GateRule r = default_rule();
   const std::string path = "/tmp/qkmla_test_budgets_" + std::to_string(getpid()) + ".toml";
-  std::ofstream(path) << "baseline_k = 1.5\n[[budget]]\nimpl = \"audit.*\"\ntensor = \"out\"\nmetric = \"max_abs\"\nmax = 1e-3\nsource = \"test\"\n";
+  std::ofstream(path) << "baseline_k = 1.5\n[[budget]]\nimpl = \"audit.*\"\ntensor = "
+                         "\"out\"\nmetric = \"max_abs\"\nmax = 1e-3\nsource = \"test\"\n";
   apply_budget_file(r, path);
   m = Metrics{};
   m.max_abs = 2e-3;
   CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "out"}, m, 1.0).pass);
   CHECK(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, m, 1.0).pass);
-  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 1.6).pass);  // k = 1.5
+  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 1.6)
+                  .pass);  // k = 1.5
   std::ofstream(path) << "[[budget]]\nmetric = \"max_abs\"\nmax = 1\n";
   CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("needs a source"), InputError);
   std::ofstream(path) << "[[budget]]\nmetric = \"max_abz\"\nmax = 1\nsource = \"x\"\n";
   CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("metric"), InputError);
   std::ofstream(path) << "baseline_kk = 2\n";
-  CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("baseline_kk: unknown key"), InputError);
+  CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("baseline_kk: unknown key"),
+                       InputError);
 }
 
 TEST_CASE("gate.no_false_alarm_50_seeds") {
   // Every correct implementation passes over 50 seeds x all scenarios x all profiles x both norms
   // (tiny, 2000 cases, about a minute on 2 cores), the GPU kernels' model included.
   std::string seeds;
-  for (int s = 1; s <= 50; ++s) seeds += (s > 1 ? "," : "") + std::to_string(s + int(test::seed(0)));
+  for (int s = 1; s <= 50; ++s)
+    seeds += (s > 1 ? "," : "") + std::to_string(s + int(test::seed(0)));
   const std::string text = R"([[entry]]
 name = "no-false-alarm"
 presets = ["tiny"]

@@ -13,7 +13,8 @@ namespace {
 uint64_t fnv1a(const Case& k) {  // over names, shapes and value bits, in name order
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
   };
   for (const auto& [name, t] : k.tensors) {
     mix(name.data(), name.size());
@@ -40,7 +41,8 @@ double max_key_mean_square(const Case& k) {
         double ss = 0;
         for (int j = 0; j < c.d_c; ++j) {
           double key = 0;
-          for (int l = 0; l < c.latent_rank; ++l) key += kv.at({b, t, l}) * wk.at({l, g * c.d_c + j});
+          for (int l = 0; l < c.latent_rank; ++l)
+            key += kv.at({b, t, l}) * wk.at({l, g * c.d_c + j});
           ss += key * key;
         }
         worst = std::max(worst, ss / c.d_c);
@@ -81,7 +83,8 @@ TEST_CASE("generator.scenario.tiny_keys_below_eps") {
   CHECK(max_key_mean_square(k) < c.eps / 100);
   double rope_ms = 0;
   for (int t = 0; t < 20; ++t)
-    for (int j = 0; j < c.d_r; ++j) rope_ms = std::max(rope_ms, std::pow(k.get("k_pe").at({0, t, j}), 2));
+    for (int j = 0; j < c.d_r; ++j)
+      rope_ms = std::max(rope_ms, std::pow(k.get("k_pe").at({0, t, j}), 2));
   CHECK(rope_ms < c.eps / 100);
   c.scenario = "normal";
   CHECK(max_key_mean_square(generate_case(c)) > c.eps * 1e3);  // and normal keys are not tiny

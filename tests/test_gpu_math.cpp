@@ -6,8 +6,8 @@
 #include <random>
 
 #include "core/dtype.hpp"
+#include "gpu/math.hpp"
 #include "helpers.hpp"
-#include "math.hpp"
 
 using namespace qkmla;
 using namespace qkmla::gpu;

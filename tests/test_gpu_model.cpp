@@ -4,14 +4,14 @@
 
 #include <cmath>
 
-#include "gate/budgets.hpp"
+#include "gpu/model_cache.hpp"
+#include "harness/budgets.hpp"
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/gpu_impl.hpp"
 #include "metrics/compare.hpp"
-#include "model_cache.hpp"
-#include "mp.hpp"
-#include "reference.hpp"
+#include "reference/mp.hpp"
+#include "reference/reference.hpp"
 #include "report/report.hpp"
 
 using namespace qkmla;
@@ -45,7 +45,7 @@ double baseline_ratio(const Case& k, const Outputs& o, const std::string& tensor
 
 // The gate's verdict on a report row (SPEC §6 rule with the budget table: k = 2, or the measured
 // budgets of src/gate/budgets.toml for tiny tensors and large_logits).
-Verdict verdict(const ReportRow& row, const std::string& preset, const std::string& scenario) {
+Verdict verdict(const Row& row, const std::string& preset, const std::string& scenario) {
   return judge(default_rule(), Subject{row.impl, preset, scenario, row.profile, row.tensor}, row.m,
                row.baseline_ratio);
 }
@@ -81,8 +81,8 @@ TEST_CASE("gpu.model.split_boundaries_every_profile") {
       CAPTURE(s);
       const Report r = model_report({T, 0}, sq, s + uint64_t(T * 10 + sq),
                                     {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8});
-      for (const ReportRow& row : r.rows) {
-        if (row.impl.rfind("gpu.model.", 0) != 0) continue;
+      for (const Row& row : r.rows) {
+        if (!test::starts_with(row.impl, "gpu.model.")) continue;
         CAPTURE(row.impl);
         CAPTURE(row.tensor);
         CHECK(row.m.nonfinite_mismatch == 0);
@@ -143,7 +143,7 @@ TEST_CASE("gpu.model.one_split_any_plan_bit_identical") {
     CAPTURE(pps);
     const gpu::GpuOutputs g = model(k2, pps);
     CHECK(g.max_splits == (4 + pps - 1) / pps);
-    CHECK(baseline_ratio(k2, impl::from_gpu(k2, g, "gpu.model.fp32"), "out") <= 2.0);
+    CHECK(baseline_ratio(k2, impl::from_gpu(k2, g), "out") <= 2.0);
   }
 }
 
@@ -194,12 +194,11 @@ TEST_CASE("gpu.model.fp8_reads_codes_and_scales") {
       test::tiny_config(Profile::FP8, {130, 9}, 2, NormMode::Blockwise, test::seed(417)));
   REQUIRE(k.get("kv_c").dtype == DType::F8_E4M3);
   REQUIRE(k.has("kv_c_scale"));
-  const double good = baseline_ratio(k, impl::from_gpu(k, model(k, 1), "gpu.model.fp8"), "out");
+  const double good = baseline_ratio(k, impl::from_gpu(k, model(k, 1)), "out");
   CHECK(good <= 2.0);
   gpu::GpuCase no_scale = impl::to_gpu_case(k);
   for (float& s : no_scale.kv_c_scale) s = std::isnan(s) ? s : 1.0f;
-  const double bad =
-      baseline_ratio(k, impl::from_gpu(k, gpu::run_model(no_scale, {}), "mutant"), "out");
+  const double bad = baseline_ratio(k, impl::from_gpu(k, gpu::run_model(no_scale, {})), "out");
   MESSAGE("fp8 baseline ratio " << good << ", scales ignored " << bad);
   CHECK(bad > 10.0);
 }
@@ -216,8 +215,8 @@ TEST_CASE("gpu.model.unified_and_rope_conventions") {
   o.gpu_device = false;
   const Report r = run_report(o);
   int rows = 0;
-  for (const ReportRow& row : r.rows) {
-    if (row.impl.rfind("gpu.model.", 0) != 0) continue;
+  for (const Row& row : r.rows) {
+    if (!test::starts_with(row.impl, "gpu.model.")) continue;
     CAPTURE(row.impl);
     CAPTURE(row.tensor);
     CHECK(row.impl.find("explicit") == std::string::npos);
@@ -235,8 +234,8 @@ TEST_CASE("gpu.model.scenarios") {
     CAPTURE(sc);
     const Report r = model_report({0, 100}, 2, test::seed(419), {Profile::BF16, Profile::FP16},
                                   NormMode::Blockwise, sc);
-    for (const ReportRow& row : r.rows) {
-      if (row.impl.rfind("gpu.model.", 0) != 0) continue;
+    for (const Row& row : r.rows) {
+      if (!test::starts_with(row.impl, "gpu.model.")) continue;
       CAPTURE(row.impl);
       CAPTURE(row.tensor);
       CHECK(row.m.nonfinite_mismatch == 0);

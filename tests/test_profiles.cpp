@@ -28,8 +28,8 @@ TEST_CASE("impl.absorbed.baseline_ratio_bf16_fp16_normal") {
     CAPTURE(s);
     const Report r = small_report("paper-decode", {0, 40}, 2, s, {Profile::BF16, Profile::FP16});
     int rows = 0;
-    for (const ReportRow& row : r.rows) {
-      if (row.tensor != "out" || row.impl.rfind("cpu.absorbed.", 0) != 0) continue;
+    for (const Row& row : r.rows) {
+      if (row.tensor != "out" || !test::starts_with(row.impl, "cpu.absorbed.")) continue;
       CAPTURE(row.impl);
       CHECK(row.baseline_ratio <= 2.0);
       CHECK(row.m.nonfinite_mismatch == 0);
@@ -41,12 +41,15 @@ TEST_CASE("impl.absorbed.baseline_ratio_bf16_fp16_normal") {
 }
 
 TEST_CASE("impl.fp64_matches_reference") {
-  const Report r = small_report("tiny", {0, 7, 33}, 2, test::seed(52), {Profile::FP64}, NormMode::Unified);
-  for (const ReportRow& row : r.rows) {
+  const Report r =
+      small_report("tiny", {0, 7, 33}, 2, test::seed(52), {Profile::FP64}, NormMode::Unified);
+  for (const Row& row : r.rows) {
     CAPTURE(row.impl);
     CAPTURE(row.tensor);
-    if (row.impl.rfind("ref.", 0) == 0) CHECK(row.m.rel_l2 < 1e-28);
-    else CHECK(row.m.rel_l2 < 1e-14);
+    if (test::starts_with(row.impl, "ref."))
+      CHECK(row.m.rel_l2 < 1e-28);
+    else
+      CHECK(row.m.rel_l2 < 1e-14);
     CHECK(row.m.nonfinite_mismatch == 0);
   }
 }

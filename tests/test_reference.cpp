@@ -5,11 +5,10 @@
 #include <cmath>
 
 #include "helpers.hpp"
-#include "impl/cpu_impls.hpp"
 #include "metrics/compare.hpp"
-#include "mp.hpp"
-#include "ref_common.hpp"
-#include "reference.hpp"
+#include "reference/mp.hpp"
+#include "reference/ref_common.hpp"
+#include "reference/reference.hpp"
 
 using namespace qkmla;
 
@@ -18,7 +17,7 @@ TEST_CASE("reference.rmsnorm.eps_inside_sqrt") {
   const ref::MpVec z = {ref::Mp(3), ref::Mp(4)};  // mean square 12.5
   const ref::Mp eps = 0.5;
   const ref::Mp inv = ref::inv_rms(ref::sum_squares(z), 2, eps);
-  CHECK(abs(inv - 1 / sqrt(ref::Mp(13))) < ref::Mp(1e-55));  // 1/sqrt(12.5 + 0.5)
+  CHECK(abs(inv - 1 / sqrt(ref::Mp(13))) < ref::Mp(1e-55));           // 1/sqrt(12.5 + 0.5)
   CHECK(abs(inv - 1 / (sqrt(ref::Mp(12.5)) + eps)) > ref::Mp(1e-3));  // not eps outside
 }
 
@@ -30,12 +29,15 @@ TEST_CASE("reference.rmsnorm.scale_invariance_up_to_eps") {
   for (double s : {1e-3, 10.0, 1e4}) {
     ref::MpVec y = z;
     for (ref::Mp& v : y) v *= s;
-    // N(s z) = s z / sqrt(s^2 ms + eps) vs N(z) = z / sqrt(ms + eps): the ratio depends on eps only.
-    const ref::Mp ratio = (s * ref::inv_rms(ref::sum_squares(y), 4, eps)) / ref::inv_rms(ref::sum_squares(z), 4, eps);
+    // N(s z) = s z / sqrt(s^2 ms + eps) vs N(z) = z / sqrt(ms + eps): the ratio depends on eps
+    // only.
+    const ref::Mp ratio =
+        (s * ref::inv_rms(ref::sum_squares(y), 4, eps)) / ref::inv_rms(ref::sum_squares(z), 4, eps);
     const ref::Mp expect = sqrt((ms + eps) / (ms + eps / (ref::Mp(s) * s)));
     CHECK(abs(ratio - expect) < ref::Mp(1e-50));
     // and with eps -> 0 the norm is exactly scale invariant
-    const ref::Mp r0 = (s * ref::inv_rms(ref::sum_squares(y), 4, ref::Mp(0))) / ref::inv_rms(ref::sum_squares(z), 4, ref::Mp(0));
+    const ref::Mp r0 = (s * ref::inv_rms(ref::sum_squares(y), 4, ref::Mp(0))) /
+                       ref::inv_rms(ref::sum_squares(z), 4, ref::Mp(0));
     CHECK(abs(r0 - 1) < ref::Mp(1e-55));
   }
 }
@@ -95,16 +97,17 @@ std::vector<Outputs> all_impls(const Case& k) {
   ref::PrecisionScope scope(113);
   v.push_back(ref::ref_explicit(k, d, true));
   v.push_back(ref::ref_absorbed(k, d));
-  v.push_back(impl::cpu_explicit(k));
-  for (Outputs& o : impl::cpu_absorbed_all(k)) v.push_back(std::move(o));
+  for (Outputs& o : run_impls(k, test::cpu_ids(k.cfg))) v.push_back(std::move(o));
   return v;
 }
 
-// Relative tolerance of an implementation in a closed-form check: the reference is exact to ~2^-100;
-// a profile implementation gets 8 units of its stored dtype's roundoff per unit of magnitude
-// (a few roundings of well-conditioned sums; the bound of proofs/ is what issue 3 will add).
+// Relative tolerance of an implementation in a closed-form check: the reference is exact to
+// ~2^-100; a profile implementation gets 8 units of its stored dtype's roundoff per unit of
+// magnitude (a few roundings of well-conditioned sums; the bound of proofs/ is what issue 3 will
+// add).
 double tol(const Outputs& o, const Case& k) {
-  return o.impl.rfind("ref.", 0) == 0 ? 1e-25 : 64 * unit_roundoff(stored_dtype(k.cfg.profile));
+  return test::starts_with(o.impl, "ref.") ? 1e-25
+                                           : 64 * unit_roundoff(stored_dtype(k.cfg.profile));
 }
 
 }  // namespace
@@ -135,10 +138,12 @@ TEST_CASE("reference.closed_form.identical_keys_give_mean_of_values") {
               double mean = 0;  // exact mean of the visible values v[t] = c[t] . WV_g
               for (int t = 0; t < visible; ++t) {
                 double v = 0;
-                for (int l = half; l < r; ++l) v += kv.at({b, t, l}) * wv.at({l, cfg.group_of(h) * cfg.d_v + j});
+                for (int l = half; l < r; ++l)
+                  v += kv.at({b, t, l}) * wv.at({l, cfg.group_of(h) * cfg.d_v + j});
                 mean += v / double(visible);
               }
-              CHECK(std::fabs(o.tensors.at("out").at({b, i, h, j}) - mean) <= tol(o, k) * 4 + 1e-13);
+              CHECK(std::fabs(o.tensors.at("out").at({b, i, h, j}) - mean) <=
+                    tol(o, k) * 4 + 1e-13);
             }
         }
     }
@@ -156,7 +161,8 @@ TEST_CASE("reference.closed_form.zero_query_gives_uniform_weights") {
       for (int i = 0; i < cfg.s_q; ++i)
         for (int h = 0; h < cfg.heads; ++h) {
           const int64_t visible = cfg.seqlens[size_t(b)] - cfg.s_q + i + 1;
-          CHECK(std::fabs(o.tensors.at("lse").at({b, i, h}) - std::log(double(visible))) <= tol(o, k) * 4);
+          CHECK(std::fabs(o.tensors.at("lse").at({b, i, h}) - std::log(double(visible))) <=
+                tol(o, k) * 4);
         }
   }
 }

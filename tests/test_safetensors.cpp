@@ -1,11 +1,11 @@
 // io.safetensors.*: round trip of every dtype, and malformed files rejected with the file, the
 // tensor and the problem named.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 #include <fstream>
 
 #include "helpers.hpp"
@@ -17,10 +17,13 @@ using namespace qkmla;
 namespace {
 
 std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("qkmla_test_" + std::to_string(getpid()) + "_" + name)).string();
+  return (std::filesystem::temp_directory_path() /
+          ("qkmla_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
 }
 
-void write_raw(const std::string& path, const std::string& header, size_t data_bytes, uint64_t len_override = 0) {
+void write_raw(const std::string& path, const std::string& header, size_t data_bytes,
+               uint64_t len_override = 0) {
   std::ofstream o(path, std::ios::binary);
   const uint64_t n = len_override ? len_override : header.size();
   o.write(reinterpret_cast<const char*>(&n), 8);
@@ -84,8 +87,10 @@ TEST_CASE("io.safetensors.malformed") {
   CHECK(read_error(p).find("truncated") != std::string::npos);
   write_raw(p, "{}", 0, 1000);
   CHECK(read_error(p).find("runs past the end") != std::string::npos);
-  write_raw(p, "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
-               "\"y\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 12);
+  write_raw(p,
+            "{\"x\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, "
+            "\"y\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+            12);
   CHECK(read_error(p).find("overlaps") != std::string::npos);
   write_raw(p, "{\"x\": {\"dtype\": \"F7\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8);
   CHECK(read_error(p).find("x: unsupported dtype 'F7'") != std::string::npos);
@@ -104,7 +109,8 @@ TEST_CASE("io.case.config_and_shape_mismatch") {
   Case wrong = k;
   wrong.tensors["w_uk"] = Tensor(DType::F32, {32, 31});
   write_case(p, wrong, {});
-  CHECK_THROWS_WITH_AS(read_case(p), doctest::Contains("w_uk: shape [32, 31] does not match"), InputError);
+  CHECK_THROWS_WITH_AS(read_case(p), doctest::Contains("w_uk: shape [32, 31] does not match"),
+                       InputError);
   wrong = k;
   wrong.tensors["seqlens"][1] = 3;
   write_case(p, wrong, {});

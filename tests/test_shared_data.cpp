@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "io/case_io.hpp"
-#include "mp.hpp"
-#include "reference.hpp"
+#include "reference/mp.hpp"
+#include "reference/reference.hpp"
 
 using namespace qkmla;
 
@@ -48,9 +48,15 @@ void check_file(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("reference.shared_data.tiny_blockwise_bf16") { check_file("tiny-blockwise-bf16.safetensors"); }
-TEST_CASE("reference.shared_data.tiny_unified_half_fp32") { check_file("tiny-unified-half-fp32.safetensors"); }
-TEST_CASE("reference.shared_data.tiny_noncausal_fp64") { check_file("tiny-noncausal-fp64.safetensors"); }
+TEST_CASE("reference.shared_data.tiny_blockwise_bf16") {
+  check_file("tiny-blockwise-bf16.safetensors");
+}
+TEST_CASE("reference.shared_data.tiny_unified_half_fp32") {
+  check_file("tiny-unified-half-fp32.safetensors");
+}
+TEST_CASE("reference.shared_data.tiny_noncausal_fp64") {
+  check_file("tiny-noncausal-fp64.safetensors");
+}
 
 TEST_CASE("reference.shared_data.copy_is_current") {
   const std::filesystem::path shared(QKMLA_SHARED_DATA);
@@ -61,11 +67,13 @@ TEST_CASE("reference.shared_data.copy_is_current") {
   int compared = 0;
   for (const auto& entry : std::filesystem::directory_iterator(shared)) {
     if (entry.path().extension() != ".safetensors") continue;
-    const std::filesystem::path copy = std::filesystem::path(QKMLA_VENDORED_DATA) / entry.path().filename();
+    const std::filesystem::path copy =
+        std::filesystem::path(QKMLA_VENDORED_DATA) / entry.path().filename();
     CAPTURE(copy.string());
     REQUIRE(std::filesystem::exists(copy));
     std::ifstream a(entry.path(), std::ios::binary), b(copy, std::ios::binary);
-    CHECK(std::string(std::istreambuf_iterator<char>(a), {}) == std::string(std::istreambuf_iterator<char>(b), {}));
+    CHECK(std::string(std::istreambuf_iterator<char>(a), {}) ==
+          std::string(std::istreambuf_iterator<char>(b), {}));
     ++compared;
   }
   CHECK(compared >= 3);

@@ -17,7 +17,8 @@ Units& units() {
 
 EB store(DType d, const EB& x) {
   const FloatFormat f = format_of(d);
-  const long double ud = std::ldexp(1.0L, -f.precision), half_sub = std::ldexp(1.0L, f.emin - f.precision);
+  const long double ud = std::ldexp(1.0L, -f.precision),
+                    half_sub = std::ldexp(1.0L, f.emin - f.precision);
   return {x.v, up(x.e + ud * (std::fabs(x.v) + x.e) + half_sub)};
 }
 
@@ -26,7 +27,8 @@ EB softmax(std::vector<EB>& l) {
   if (l.empty()) return {-std::numeric_limits<long double>::infinity(), 0};
   const size_t T = l.size();
   long double lmax = l[0].v, lmin = l[0].v, dmax = 0;
-  for (const EB& x : l) lmax = std::max(lmax, x.v), lmin = std::min(lmin, x.v), dmax = std::max(dmax, x.e);
+  for (const EB& x : l)
+    lmax = std::max(lmax, x.v), lmin = std::min(lmin, x.v), dmax = std::max(dmax, x.e);
   // The computed shift m^ is one of the computed logits: |l^_t - m^| <= R.
   const long double R = (lmax - lmin) + 2 * dmax;
   const long double gamma = T > 1 ? (T - 1) * u / (1 - (T - 1) * u) : 0;
@@ -39,7 +41,8 @@ EB softmax(std::vector<EB>& l) {
   long double S = 0;
   for (const EB& x : l) S += std::exp(x.v - lmax);
   const long double lse = lmax + std::log(S);
-  const long double logS_bound = std::log((long double)T) + 2 * dmax + R;  // |log S_m^| for any shift
+  const long double logS_bound =
+      std::log((long double)T) + 2 * dmax + R;  // |log S_m^| for any shift
   for (EB& x : l) {
     const long double p = std::exp(x.v - lse);
     const long double eta = x.e + u * R + lf;

@@ -28,7 +28,9 @@ struct EB {
   EB(long double value, long double err) : v(value), e(err) {}
   // A run's outputs are written through double(x): what comes out is the bound.
   explicit operator double() const { return double(e); }
-  static EB rounded_from(long double exact, double rounded) { return {exact, std::fabs((long double)rounded - exact)}; }
+  static EB rounded_from(long double exact, double rounded) {
+    return {exact, std::fabs((long double)rounded - exact)};
+  }
 };
 
 // Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
@@ -48,18 +50,21 @@ inline EB operator*(const EB& a, const EB& b) {
   const long double d = std::fabs(a.v) * b.e + std::fabs(b.v) * a.e + a.e * b.e;
   return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
 }
-// B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one rounding.
+// B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one
+// rounding.
 inline EB operator/(const EB& a, const EB& b) {
   const long double v = a.v / b.v;
   const long double den = std::fabs(b.v) - b.e;
-  const long double d = den > 0 ? (a.e + std::fabs(v) * b.e) / den : std::numeric_limits<long double>::infinity();
+  const long double d =
+      den > 0 ? (a.e + std::fabs(v) * b.e) / den : std::numeric_limits<long double>::infinity();
   return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
 }
 inline EB& operator+=(EB& a, const EB& b) { return a = a + b; }
 inline EB& operator-=(EB& a, const EB& b) { return a = a - b; }
 inline EB& operator*=(EB& a, const EB& b) { return a = a * b; }
 inline EB& operator/=(EB& a, const EB& b) { return a = a / b; }
-// B.4 square root (correctly rounded): |sqrt(x^) - sqrt(x)| <= ex / (sqrt(x) + sqrt(max(x - ex, 0))).
+// B.4 square root (correctly rounded): |sqrt(x^) - sqrt(x)| <= ex / (sqrt(x) + sqrt(max(x - ex,
+// 0))).
 inline EB sqrt(const EB& a) {
   const long double v = std::sqrt(a.v);
   const long double den = v + std::sqrt(std::max(a.v - a.e, 0.0L));
@@ -78,7 +83,9 @@ EB softmax(std::vector<EB>& logits_to_p);
 namespace std {
 template <>
 struct numeric_limits<qkmla::bounds::EB> {
-  static qkmla::bounds::EB quiet_NaN() { return {std::numeric_limits<long double>::quiet_NaN(), 0}; }
+  static qkmla::bounds::EB quiet_NaN() {
+    return {std::numeric_limits<long double>::quiet_NaN(), 0};
+  }
   static qkmla::bounds::EB infinity() { return {std::numeric_limits<long double>::infinity(), 0}; }
 };
 }  // namespace std

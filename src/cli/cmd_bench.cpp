@@ -9,7 +9,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::cli {
 

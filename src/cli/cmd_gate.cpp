@@ -9,6 +9,7 @@
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
 #include "gate/run_gate.hpp"
+#include "harness/impl_id.hpp"
 #include "impl/mutants.hpp"
 #include "io/safetensors.hpp"
 
@@ -28,7 +29,8 @@ void parse_shard(const std::string& s, int& k, int& n) {
 }
 
 GateConfig load_config(const std::string& path) {
-  return path.empty() ? parse_gate_config_text(default_gate_config_text(), "default gate config (src/gate/default.toml)")
+  return path.empty() ? parse_gate_config_text(default_gate_config_text(),
+                                               "default gate config (src/gate/default.toml)")
                       : parse_gate_config(path);
 }
 
@@ -36,14 +38,25 @@ GateConfig load_config(const std::string& path) {
 
 Runner add_gate(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<GateFlags>();
-  auto* cmd = app.add_subcommand("gate", "CI gate: run a matrix of cases x implementations, apply the budgets, exit 1 on a failed verdict");
-  cmd->add_option("--config", f->config, "gate matrix (TOML); default: the built-in src/gate/default.toml")->check(CLI::ExistingFile);
+  auto* cmd = app.add_subcommand("gate",
+                                 "CI gate: run a matrix of cases x implementations, apply the "
+                                 "budgets, exit 1 on a failed verdict");
+  cmd->add_option("--config", f->config,
+                  "gate matrix (TOML); default: the built-in src/gate/default.toml")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--junit", f->junit, "write JUnit XML (one testcase per verdict) to FILE");
-  cmd->add_option("--format", f->format, "table|md|json (json: shard results for --merge)")->check(CLI::IsMember({"table", "md", "json"}))->capture_default_str();
+  cmd->add_option("--format", f->format, "table|md|json (json: shard results for --merge)")
+      ->check(CLI::IsMember({"table", "md", "json"}))
+      ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
-  cmd->add_option("--shard", f->shard, "run shard K of N of the matrix (K/N)")->capture_default_str();
-  cmd->add_option("--merge", f->merge, "combine shard results (files written with --format json) into one verdict")->check(CLI::ExistingFile);
-  cmd->add_option("--threads", f->threads, "worker threads")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--shard", f->shard, "run shard K of N of the matrix (K/N)")
+      ->capture_default_str();
+  cmd->add_option("--merge", f->merge,
+                  "combine shard results (files written with --format json) into one verdict")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--threads", f->threads, "worker threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   return [f, command_line] {
     GateResults r;
     if (!f->merge.empty()) {
@@ -79,18 +92,29 @@ struct MutantFlags {
 
 Runner add_mutants(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<MutantFlags>();
-  auto* cmd = app.add_subcommand("mutants", "kill matrix: which mutants of SPEC §7 the gate catches, per profile");
-  cmd->add_option("--profiles", f->profiles, "profiles, comma separated")->delimiter(',')->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
-  cmd->add_option("--config", f->config, "gate matrix (TOML) whose mutant entries are run; default: the built-in one")->check(CLI::ExistingFile);
-  cmd->add_option("--format", f->format, "table|json")->check(CLI::IsMember({"table", "json"}))->capture_default_str();
+  auto* cmd = app.add_subcommand(
+      "mutants", "kill matrix: which mutants of SPEC §7 the gate catches, per profile");
+  cmd->add_option("--profiles", f->profiles, "profiles, comma separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
+  cmd->add_option("--config", f->config,
+                  "gate matrix (TOML) whose mutant entries are run; default: the built-in one")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--format", f->format, "table|json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
-  cmd->add_option("--threads", f->threads, "worker threads")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--threads", f->threads, "worker threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   return [f, command_line] {
     GateConfig c = load_config(f->config);
     std::vector<GateEntry> kept;
     for (GateEntry e : c.entries) {
       bool has_mutants = false;
-      for (const std::string& p : e.impls) has_mutants |= p.rfind("mutant.", 0) == 0 || p == "*";
+      for (const std::string& p : e.impls)
+        for (const impl::Mutant& m : impl::mutants())
+          has_mutants |= id_matches(p, parse_impl_id("mutant." + m.name));
       if (!has_mutants) continue;
       e.profiles = f->profiles;
       kept.push_back(e);
@@ -104,8 +128,8 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
     table += "\n";
     const std::vector<GateCase> tc = r.testcases();
     int survived = 0;
-    for (impl::Mutant m : impl::all_mutants()) {
-      const std::string name = impl::mutant_name(m);
+    for (const impl::Mutant& m : impl::mutants()) {
+      const std::string& name = m.name;
       table += fmt::format("{:<26}", name);
       for (const std::string& p : f->profiles) {
         nlohmann::ordered_json cell = {{"mutant", name}, {"profile", p}};
@@ -132,9 +156,13 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
       }
       table += "\n";
     }
-    const std::string text = f->format == "json" ? nlohmann::ordered_json{{"how", provenance(command_line, f->threads)}, {"cells", cells}}.dump(1) + "\n"
-                                                 : "Made by " + provenance(command_line, f->threads) + ".\n\n" + table +
-                                                       fmt::format("{} cells survived\n", survived);
+    const std::string text =
+        f->format == "json" ? nlohmann::ordered_json{{"how", provenance(command_line, f->threads)},
+                                                     {"cells", cells}}
+                                      .dump(1) +
+                                  "\n"
+                            : "Made by " + provenance(command_line, f->threads) + ".\n\n" + table +
+                                  fmt::format("{} cells survived\n", survived);
     if (const int rc = write_output(text, f->output)) return rc;
     return survived == 0 ? 0 : 1;
   };

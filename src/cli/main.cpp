@@ -11,12 +11,15 @@
 using namespace qkmla;
 
 int main(int argc, char** argv) {
-  CLI::App app{"qkmla: numerical verification of QK-Normed MLA (explicit vs absorbed, every precision)"};
+  CLI::App app{
+      "qkmla: numerical verification of QK-Normed MLA (explicit vs absorbed, every precision)"};
   app.require_subcommand(1);
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
   std::vector<std::pair<CLI::App*, cli::Runner>> commands;
-  auto add = [&](cli::Runner r) { commands.emplace_back(app.get_subcommands({}).back(), std::move(r)); };
+  auto add = [&](cli::Runner r) {
+    commands.emplace_back(app.get_subcommands({}).back(), std::move(r));
+  };
   add(cli::add_presets(app));
   add(cli::add_report(app, command_line));
   add(cli::add_gate(app, command_line));

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 
-#include "qkmla_gpu.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::cli {
 
@@ -25,17 +25,21 @@ std::string run(const std::string& cmd) {
 }  // namespace
 
 std::string provenance(const std::string& command_line, int threads) {
-  std::string commit = run("git -C '" QKMLA_SOURCE_DIR "' describe --always --dirty --abbrev=12 2>/dev/null");
-  if (commit.empty() && std::getenv("QKMLA_COMMIT")) commit = std::getenv("QKMLA_COMMIT");  // a copied tree
+  std::string commit =
+      run("git -C '" QKMLA_SOURCE_DIR "' describe --always --dirty --abbrev=12 2>/dev/null");
+  if (commit.empty() && std::getenv("QKMLA_COMMIT"))
+    commit = std::getenv("QKMLA_COMMIT");  // a copied tree
   if (commit.empty()) commit = "unknown (not a git checkout)";
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::string why;
-  const std::string device = gpu::device_available(&why) ? gpu::device_description() : "CPU only (" + why + ")";
-  return fmt::format("`{}` at commit {}, {}, compiler {} with flags `{}`, CUDA: {}, {} threads, device: {}, {}",
-                     command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, QKMLA_CUDA_INFO, threads,
-                     device, date);
+  const std::string device =
+      gpu::device_available(&why) ? gpu::device_description() : "CPU only (" + why + ")";
+  return fmt::format(
+      "`{}` at commit {}, {}, compiler {} with flags `{}`, CUDA: {}, {} threads, device: {}, {}",
+      command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, QKMLA_CUDA_INFO, threads,
+      device, date);
 }
 
 }  // namespace qkmla::cli

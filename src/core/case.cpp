@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/attention_math.hpp"
+
 namespace qkmla {
 
 const Tensor& Case::get(const std::string& name) const {
@@ -21,7 +23,8 @@ void attach_latent(Case& k) {
   const Tensor& scale = k.get("kv_c_scale");
   auto d = std::make_shared<Tensor>(DType::F64, codes.shape);
   const int64_t r = codes.shape.back();
-  for (int64_t n = 0; n < codes.numel(); ++n) (*d)[n] = codes[n] * scale[n / r];  // <= 28 bits: exact
+  for (int64_t n = 0; n < codes.numel(); ++n)
+    (*d)[n] = codes[n] * scale[n / r];  // <= 28 bits: exact
   k.dequant = std::move(d);
 }
 
@@ -39,41 +42,60 @@ void quantize_fp8_cache(Case& k) {
       // c / s in double, then one RNE to e4m3: the double quotient cannot land on an e4m3 tie
       // unless the exact one does (c has 8 bits, s 24: a non-tie quotient is >= 2^-30 relative
       // away from any tie, the double rounding moves it by <= 2^-53).
-      for (int64_t l = 0; l < r; ++l) codes.at({b, t, l}) = round_to(DType::F8_E4M3, kv.at({b, t, l}) / s);
+      for (int64_t l = 0; l < r; ++l)
+        codes.at({b, t, l}) = round_to(DType::F8_E4M3, kv.at({b, t, l}) / s);
     }
   kv = std::move(codes);
   k.tensors["kv_c_scale"] = std::move(scale);
   attach_latent(k);
 }
 
-bool Case::causal_visible(int b, int i, int64_t t) const {
-  if (t >= cfg.seqlens[size_t(b)]) return false;
-  return !cfg.causal || t <= pos(b, i);
+std::vector<bool> valid_mask(const Case& k, const std::string& tensor) {
+  if (tensor != "alpha_k") return {};
+  const int64_t T = k.t_max(), G = k.cfg.groups;
+  std::vector<bool> m(size_t(k.cfg.batch * T * G), false);
+  for (int b = 0; b < k.cfg.batch; ++b)
+    for (int64_t t = 0; t < k.cfg.seqlens[size_t(b)]; ++t)
+      for (int64_t g = 0; g < G; ++g) m[size_t((b * T + t) * G + g)] = true;
+  return m;
 }
 
-std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,
-                                                                  int64_t t_max, int64_t p_max) {
+bool Case::causal_visible(int b, int i, int64_t t) const {
+  return token_visible(cfg.causal, cfg.seqlens[size_t(b)], cfg.s_q, i, t);
+}
+
+std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c, int64_t t_max,
+                                                                  int64_t p_max) {
   const int64_t B = c.batch, S = c.s_q, H = c.heads, G = c.groups, r = c.latent_rank;
   if (c.level == Level::Kernel) {  // SPEC §2 kernel level: already absorbed, already rounded
-    std::map<std::string, std::vector<int64_t>> m = {
-        {"q_latent", {B, S, H, r}}, {"alpha_q", {B, S, H}},         {"q_rope", {B, S, H, c.d_r}},
-        {"kv_c", {B, t_max, r}},    {"k_rope", {B, t_max, c.d_r}}, {"alpha_k", {B, t_max, G}},
-        {"seqlens", {B}}};
+    std::map<std::string, std::vector<int64_t>> m = {{"q_latent", {B, S, H, r}},
+                                                     {"alpha_q", {B, S, H}},
+                                                     {"q_rope", {B, S, H, c.d_r}},
+                                                     {"kv_c", {B, t_max, r}},
+                                                     {"k_rope", {B, t_max, c.d_r}},
+                                                     {"alpha_k", {B, t_max, G}},
+                                                     {"seqlens", {B}}};
+    if (c.norm == NormMode::None)
+      m.erase("alpha_q"), m.erase("alpha_k");  // plain MLA: no statistics
     if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};
     return m;
   }
   std::map<std::string, std::vector<int64_t>> m = {
-      {"q_nope", {B, S, H, c.d_c}},     {"q_pe", {B, S, H, c.d_r}},
-      {"kv_c", {B, t_max, r}},          {"k_pe", {B, t_max, c.d_r}},
-      {"seqlens", {B}},                 {"w_uk", {r, G * c.d_c}},
-      {"w_uv", {r, G * c.d_v}},         {"rope_cos", {p_max, c.d_r / 2}},
+      {"q_nope", {B, S, H, c.d_c}},
+      {"q_pe", {B, S, H, c.d_r}},
+      {"kv_c", {B, t_max, r}},
+      {"k_pe", {B, t_max, c.d_r}},
+      {"seqlens", {B}},
+      {"w_uk", {r, G * c.d_c}},
+      {"w_uv", {r, G * c.d_v}},
+      {"rope_cos", {p_max, c.d_r / 2}},
       {"rope_sin", {p_max, c.d_r / 2}},
   };
   if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};  // SPEC §3 fp8 cache scales
   if (c.norm == NormMode::Blockwise) {
     m["gamma_cq"] = m["gamma_ck"] = {c.d_c};
     m["gamma_rq"] = m["gamma_rk"] = {c.d_r};
-  } else {
+  } else if (c.norm == NormMode::Unified) {
     m["gamma_q"] = m["gamma_k"] = {c.d_c + c.d_r};
   }
   return m;
@@ -84,30 +106,31 @@ void validate_case(const Case& k) {
   c.validate();
   const int64_t t_max = k.get("kv_c").shape.size() == 3 ? k.get("kv_c").shape[1] : -1;
   const bool kernel = c.level == Level::Kernel;
-  const int64_t p_max = kernel ? t_max : (k.get("rope_cos").shape.empty() ? -1 : k.get("rope_cos").shape[0]);
+  const int64_t p_max =
+      kernel ? t_max : (k.get("rope_cos").shape.empty() ? -1 : k.get("rope_cos").shape[0]);
   for (const auto& [name, shape] : expected_input_shapes(c, t_max, p_max)) {
     const Tensor& t = k.get(name);
     if (t.shape != shape)
-      throw ConfigError(name, "shape " + shape_str(t.shape) + " does not match the config's " +
-                                  shape_str(shape));
+      throw ConfigError(
+          name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str(shape));
   }
   if (t_max < c.max_seqlen())
-    throw ConfigError("kv_c", "T_max = " + std::to_string(t_max) + " < max(seqlens) = " +
-                                  std::to_string(c.max_seqlen()));
+    throw ConfigError("kv_c", "T_max = " + std::to_string(t_max) +
+                                  " < max(seqlens) = " + std::to_string(c.max_seqlen()));
   if (p_max < t_max)
-    throw ConfigError("rope_cos", "P_max = " + std::to_string(p_max) + " < T_max = " +
-                                      std::to_string(t_max));
+    throw ConfigError("rope_cos",
+                      "P_max = " + std::to_string(p_max) + " < T_max = " + std::to_string(t_max));
   const Tensor& sl = k.get("seqlens");
   for (int b = 0; b < c.batch; ++b)
     if (int(sl[b]) != c.seqlens[size_t(b)])
-      throw ConfigError("seqlens", "tensor says seqlens[" + std::to_string(b) + "] = " +
-                                       std::to_string(int(sl[b])) + ", config says " +
+      throw ConfigError("seqlens", "tensor says seqlens[" + std::to_string(b) +
+                                       "] = " + std::to_string(int(sl[b])) + ", config says " +
                                        std::to_string(c.seqlens[size_t(b)]));
   // Non-finite values in the read part of an input are refused: they would make every
   // comparison meaningless. Cache rows past T_b are unspecified and not read.
   for (const auto& [name, t] : k.tensors) {
-    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" || name == "alpha_k" ||
-        name == "kv_c_scale")
+    if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" ||
+        name == "alpha_k" || name == "kv_c_scale")
       continue;
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t[i]))
@@ -118,10 +141,12 @@ void validate_case(const Case& k) {
     for (int b = 0; b < c.batch; ++b)
       for (int64_t tok = 0; tok < c.seqlens[size_t(b)]; ++tok)
         if (!(std::isfinite(s.at({b, tok})) && s.at({b, tok}) > 0))
-          throw ConfigError("kv_c_scale", "scale at [" + std::to_string(b) + ", " + std::to_string(tok) +
+          throw ConfigError("kv_c_scale", "scale at [" + std::to_string(b) + ", " +
+                                              std::to_string(tok) +
                                               "] must be finite and positive");
   }
-  for (const char* name : {"kv_c", kernel ? "k_rope" : "k_pe", kernel ? "alpha_k" : "kv_c"}) {
+  for (const char* name : {"kv_c", kernel ? "k_rope" : "k_pe",
+                           kernel && c.norm != NormMode::None ? "alpha_k" : "kv_c"}) {
     const Tensor& t = k.get(name);
     const int64_t width = t.shape[2];
     for (int b = 0; b < c.batch; ++b)

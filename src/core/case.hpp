@@ -35,8 +35,12 @@ void attach_latent(Case& k);
 void quantize_fp8_cache(Case& k);
 
 // The input tensor names and shapes a module-level case must carry for its config.
-std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c,
-                                                                  int64_t t_max, int64_t p_max);
+std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c, int64_t t_max,
+                                                                  int64_t p_max);
+
+// Positions that carry meaning: alpha_k rows at t >= T_b are unspecified (SPEC §1.4); every
+// other tensor is valid everywhere. Empty result = all valid.
+std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
 
 // Checks names, shapes, dtypes, seqlens agreement, table size and NaN-free valid inputs.
 // Throws ConfigError whose field names the tensor.

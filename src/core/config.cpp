@@ -24,8 +24,8 @@ std::string enum_name(E v, const std::pair<const char*, E> (&table)[N]) {
     if (value == v) return name;
   return "?";
 }
-const std::pair<const char*, NormMode> kNorm[] = {{"blockwise", NormMode::Blockwise},
-                                                  {"unified", NormMode::Unified}};
+const std::pair<const char*, NormMode> kNorm[] = {
+    {"blockwise", NormMode::Blockwise}, {"unified", NormMode::Unified}, {"none", NormMode::None}};
 const std::pair<const char*, RopeOrder> kOrder[] = {{"norm_then_rope", RopeOrder::NormThenRope},
                                                     {"rope_then_norm", RopeOrder::RopeThenNorm}};
 const std::pair<const char*, RopeStyle> kStyle[] = {{"interleaved", RopeStyle::Interleaved},
@@ -52,10 +52,15 @@ Level parse_level(const std::string& s) { return parse_enum("level", s, kLevel);
 
 DType stored_dtype(Profile p) {
   switch (p) {
-    case Profile::FP64: return DType::F64;
-    case Profile::FP32: return DType::F32;
-    case Profile::FP16: return DType::F16;
-    case Profile::BF16: case Profile::FP8: return DType::BF16;
+    case Profile::FP64:
+      return DType::F64;
+    case Profile::FP32:
+      return DType::F32;
+    case Profile::FP16:
+      return DType::F16;
+    case Profile::BF16:
+    case Profile::FP8:
+      return DType::BF16;
   }
   return DType::F64;
 }
@@ -87,8 +92,8 @@ void MlaConfig::validate() const {
   positive("batch", batch);
   positive("s_q", s_q);
   if (int(seqlens.size()) != batch)
-    throw ConfigError("seqlens", "has " + std::to_string(seqlens.size()) +
-                                     " entries, batch is " + std::to_string(batch));
+    throw ConfigError("seqlens", "has " + std::to_string(seqlens.size()) + " entries, batch is " +
+                                     std::to_string(batch));
   for (size_t b = 0; b < seqlens.size(); ++b) {
     const int t = seqlens[b];
     if (t < 0 || (t > 0 && t < s_q))
@@ -137,14 +142,16 @@ MlaConfig config_from_json(const std::string& text) {
   }
   if (!j.is_object()) throw ConfigError("qkmla.config", "must be a JSON object");
   static const std::set<std::string> known = {
-      "heads", "groups", "latent_rank", "d_c", "d_r", "d_v", "batch", "s_q", "seqlens", "eps",
-      "softmax_scale", "allow_zero_eps", "norm", "rope_order", "rope_style", "causal",
-      "profile", "level", "preset", "scenario", "seed"};
+      "heads",  "groups",     "latent_rank", "d_c",    "d_r",           "d_v",
+      "batch",  "s_q",        "seqlens",     "eps",    "softmax_scale", "allow_zero_eps",
+      "norm",   "rope_order", "rope_style",  "causal", "profile",       "level",
+      "preset", "scenario",   "seed"};
   for (const auto& [key, value] : j.items())
-    if (!known.count(key)) throw ConfigError(key, "unknown config key (a typo would change the math)");
-  static const char* required[] = {"heads", "groups", "latent_rank", "d_c", "d_r", "d_v",
-                                   "batch", "s_q", "seqlens", "eps", "softmax_scale", "norm",
-                                   "rope_order", "rope_style", "causal"};
+    if (!known.count(key))
+      throw ConfigError(key, "unknown config key (a typo would change the math)");
+  static const char* required[] = {
+      "heads",   "groups", "latent_rank",   "d_c",  "d_r",        "d_v",        "batch", "s_q",
+      "seqlens", "eps",    "softmax_scale", "norm", "rope_order", "rope_style", "causal"};
   for (const char* key : required)
     if (!j.contains(key)) throw ConfigError(key, "missing required config key");
   MlaConfig c;

@@ -9,7 +9,7 @@
 
 namespace qkmla {
 
-enum class NormMode { Blockwise, Unified };
+enum class NormMode { Blockwise, Unified, None };  // None: plain MLA (SPEC §1.3)
 enum class RopeOrder { NormThenRope, RopeThenNorm };
 enum class RopeStyle { Interleaved, Half };
 enum class Profile { FP64, FP32, BF16, FP16, FP8 };
@@ -27,7 +27,8 @@ struct MlaConfig {
   int batch = 1, s_q = 1;
   std::vector<int> seqlens{4096};
   double eps = 1e-6;
-  double softmax_scale = 0.0;  // 0 means "not set": fill with 1/sqrt(d_c + d_r) via set_default_scale
+  double softmax_scale =
+      0.0;  // 0 means "not set": fill with 1/sqrt(d_c + d_r) via set_default_scale
   bool allow_zero_eps = false;  // eps == 0 accepted only when the case says so (SPEC §1.4)
   NormMode norm = NormMode::Blockwise;
   RopeOrder rope_order = RopeOrder::NormThenRope;

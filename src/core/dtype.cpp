@@ -10,24 +10,36 @@ namespace qkmla {
 
 FloatFormat format_of(DType d) {
   switch (d) {
-    case DType::F64: return {53, -1022, 1023, std::numeric_limits<double>::max(), true};
-    case DType::F32: return {24, -126, 127, double(std::numeric_limits<float>::max()), true};
-    case DType::F16: return {11, -14, 15, 65504.0, true};
-    case DType::BF16: return {8, -126, 127, std::ldexp(255.0, 120), true};
-    case DType::F8_E4M3: return {4, -6, 8, 448.0, false};
-    case DType::I32: break;
+    case DType::F64:
+      return {53, -1022, 1023, std::numeric_limits<double>::max(), true};
+    case DType::F32:
+      return {24, -126, 127, double(std::numeric_limits<float>::max()), true};
+    case DType::F16:
+      return {11, -14, 15, 65504.0, true};
+    case DType::BF16:
+      return {8, -126, 127, std::ldexp(255.0, 120), true};
+    case DType::F8_E4M3:
+      return {4, -6, 8, 448.0, false};
+    case DType::I32:
+      break;
   }
   throw std::invalid_argument("format_of: I32 is not a floating-point format");
 }
 
 std::string dtype_name(DType d) {
   switch (d) {
-    case DType::F64: return "F64";
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::I32: return "I32";
+    case DType::F64:
+      return "F64";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
+    case DType::I32:
+      return "I32";
   }
   return "?";
 }
@@ -41,10 +53,16 @@ DType dtype_from_name(const std::string& s) {
 
 int dtype_size(DType d) {
   switch (d) {
-    case DType::F64: return 8;
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::F8_E4M3: return 1;
+    case DType::F64:
+      return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::F8_E4M3:
+      return 1;
   }
   return 0;
 }

@@ -18,9 +18,9 @@ struct FloatFormat {
 };
 
 FloatFormat format_of(DType d);
-std::string dtype_name(DType d);               // safetensors spelling: "F64", "BF16", ...
-DType dtype_from_name(const std::string& s);   // throws std::invalid_argument
-int dtype_size(DType d);                       // bytes per element
+std::string dtype_name(DType d);              // safetensors spelling: "F64", "BF16", ...
+DType dtype_from_name(const std::string& s);  // throws std::invalid_argument
+int dtype_size(DType d);                      // bytes per element
 
 // Round x (any double) to the nearest value of format d, ties to even, in one step
 // (never through an intermediate format). Overflow gives +-inf, or +-max for e4m3 (saturation).

@@ -9,8 +9,7 @@
 namespace qkmla {
 
 const std::vector<std::string>& scenario_names() {
-  static const std::vector<std::string> names = {"normal", "outliers", "tiny_keys",
-                                                 "large_logits"};
+  static const std::vector<std::string> names = {"normal", "outliers", "tiny_keys", "large_logits"};
   return names;
 }
 
@@ -87,8 +86,7 @@ Case generate_case(const MlaConfig& cfg_in) {
       c[row * cfg.latent_rank + ch] *= 100.0;
     const int64_t qch = int64_t(rng.below(uint64_t(cfg.d_c)));
     Tensor& q = k.tensors["q_nope"];
-    for (int64_t row = 0; row < q.numel() / cfg.d_c; ++row)
-      q[row * cfg.d_c + qch] *= 100.0;
+    for (int64_t row = 0; row < q.numel() / cfg.d_c; ++row) q[row * cfg.d_c + qch] *= 100.0;
   }
   for (auto& [name, t] : k.tensors) round_once(t);
   const double nan = std::numeric_limits<double>::quiet_NaN();

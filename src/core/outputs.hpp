@@ -9,7 +9,7 @@
 namespace qkmla {
 
 struct Outputs {
-  std::string impl;                      // e.g. "ref.explicit", "cpu.absorbed.bf16"
+  std::string impl;                       // e.g. "ref.explicit", "cpu.absorbed.bf16"
   std::map<std::string, Tensor> tensors;  // "out", "lse", "alpha_q", "alpha_k", "latent_out"
   // Multiprecision results only: the remainder x - double(x) of each value, so that two
   // reference runs can be compared to ~106 bits.

@@ -10,7 +10,7 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : engine_(seed) {}
   double uniform() { return double(engine_() >> 11) * 0x1.0p-53; }  // [0, 1), 53 bits
-  double normal();                                                   // Box-Muller, N(0, 1)
+  double normal();                                                  // Box-Muller, N(0, 1)
   uint64_t below(uint64_t n) { return engine_() % n; }
 
  private:

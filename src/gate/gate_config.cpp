@@ -1,10 +1,10 @@
 #include "gate/gate_config.hpp"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <fstream>
 #include <set>
-#include <toml++/toml.h>
 
 #include "core/presets.hpp"
 #include "io/safetensors.hpp"
@@ -14,7 +14,8 @@ namespace qkmla {
 namespace {
 
 template <class T>
-std::vector<T> list(const std::string& path, const std::string& where, const toml::table& t, const char* key, std::vector<T> fallback) {
+std::vector<T> list(const std::string& path, const std::string& where, const toml::table& t,
+                    const char* key, std::vector<T> fallback) {
   const toml::node* n = t.get(key);
   if (!n) return fallback;
   const toml::array* a = n->as_array();
@@ -34,7 +35,8 @@ std::vector<T> list(const std::string& path, const std::string& where, const tom
 GateConfig parse_gate_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path, "file", "cannot be opened");
-  return parse_gate_config_text({std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}, path);
+  return parse_gate_config_text(
+      {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}, path);
 }
 
 const std::string& default_gate_config_text() {
@@ -53,23 +55,27 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
   }
   static const std::set<std::string> top = {"ref_bits", "tensors", "baseline_k", "budget", "entry"};
   for (const auto& [key, node] : t)
-    if (!top.count(std::string(key.str()))) throw InputError(path, std::string(key.str()), "unknown key");
+    if (!top.count(std::string(key.str())))
+      throw InputError(path, std::string(key.str()), "unknown key");
   GateConfig c;
   c.rule = default_rule();
   apply_budget_text(c.rule, text, path);  // baseline_k and [[budget]] live in the same file
   c.ref_bits = int(t["ref_bits"].value_or(int64_t(113)));
-  if (c.ref_bits < 64 || c.ref_bits > 4096) throw InputError(path, "ref_bits", "must be in [64, 4096]");
+  if (c.ref_bits < 64 || c.ref_bits > 4096)
+    throw InputError(path, "ref_bits", "must be in [64, 4096]");
   c.tensors = list<std::string>(path, "", t, "tensors", c.tensors);
   const toml::array* entries = t["entry"].as_array();
   if (!entries || entries->empty()) throw InputError(path, "entry", "needs at least one [[entry]]");
-  static const std::set<std::string> keys = {"name", "presets", "scenarios", "profiles", "norms", "rope_orders",
-                                             "impls", "seeds", "seqlens", "sq", "expect"};
+  static const std::set<std::string> keys = {"name",    "presets",     "scenarios", "profiles",
+                                             "norms",   "rope_orders", "impls",     "seeds",
+                                             "seqlens", "sq",          "expect"};
   for (size_t i = 0; i < entries->size(); ++i) {
     const toml::table* e = (*entries)[i].as_table();
     const std::string where = fmt::format("entry[{}]", i);
     if (!e) throw InputError(path, where, "must be a table");
     for (const auto& [key, node] : *e)
-      if (!keys.count(std::string(key.str()))) throw InputError(path, where + "." + std::string(key.str()), "unknown key");
+      if (!keys.count(std::string(key.str())))
+        throw InputError(path, where + "." + std::string(key.str()), "unknown key");
     GateEntry g;
     g.name = (*e)["name"].value_or(where);
     g.presets = list<std::string>(path, where, *e, "presets", {"tiny"});
@@ -79,10 +85,12 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
     g.rope_orders = list<std::string>(path, where, *e, "rope_orders", {"norm_then_rope"});
     g.impls = list<std::string>(path, where, *e, "impls", {"cpu.absorbed*"});
     for (int64_t s : list<int64_t>(path, where, *e, "seeds", {1})) g.seeds.push_back(uint64_t(s));
-    for (int64_t s : list<int64_t>(path, where, *e, "seqlens", {0, 17, 40})) g.seqlens.push_back(int(s));
+    for (int64_t s : list<int64_t>(path, where, *e, "seqlens", {0, 17, 40}))
+      g.seqlens.push_back(int(s));
     g.sq = int((*e)["sq"].value_or(int64_t(1)));
     const std::string expect = (*e)["expect"].value_or(std::string("pass"));
-    if (expect != "pass" && expect != "fail") throw InputError(path, where + ".expect", "must be \"pass\" or \"fail\"");
+    if (expect != "pass" && expect != "fail")
+      throw InputError(path, where + ".expect", "must be \"pass\" or \"fail\"");
     g.expect_pass = expect == "pass";
     try {  // names are checked now, not halfway through a long run
       for (const auto& p : g.presets) find_preset(p);
@@ -116,7 +124,8 @@ std::vector<GateJob> expand_jobs(const GateConfig& c) {
                 cfg.norm = parse_norm(norm);
                 cfg.rope_order = parse_rope_order(order);
                 cfg.seed = seed;
-                const std::string label = fmt::format("{}/{}/{}/{}/{}/seed{}", preset, scenario, profile, norm, order, seed);
+                const std::string label = fmt::format("{}/{}/{}/{}/{}/seed{}", preset, scenario,
+                                                      profile, norm, order, seed);
                 jobs.push_back({ei, cfg, label});
               }
   }

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "gate/budgets.hpp"
+#include "harness/budgets.hpp"
 
 namespace qkmla {
 
@@ -34,7 +34,7 @@ struct GateJob {
 
 GateConfig parse_gate_config(const std::string& path);  // InputError naming file and key
 GateConfig parse_gate_config_text(const std::string& text, const std::string& name);
-const std::string& default_gate_config_text();  // src/gate/default.toml, compiled in
+const std::string& default_gate_config_text();          // src/gate/default.toml, compiled in
 std::vector<GateJob> expand_jobs(const GateConfig& c);  // deterministic order
 
 }  // namespace qkmla

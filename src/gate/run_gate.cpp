@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -10,9 +12,12 @@
 
 #include "core/generator.hpp"
 #include "core/parallel.hpp"
-#include "gate/evaluate.hpp"
-#include "impl/mutants.hpp"
+#include "harness/judge.hpp"
+#include "harness/registry.hpp"
+#include "harness/truth.hpp"
 #include "io/safetensors.hpp"
+#include "render/junit.hpp"
+#include "render/table.hpp"
 
 namespace qkmla {
 
@@ -58,50 +63,110 @@ int GateResults::failed() const { return int(testcases().size()) - passed(); }
 
 namespace {
 
-// Testcases of one evaluated job.
-std::vector<GateCase> judge_job(const GateConfig& c, const GateJob& job, const Evaluated& e,
-                                const std::vector<Outputs>& impls, const std::map<std::string, Outputs>& bounds, double seconds) {
+// The judged ids of one job: the registered ids of its case that its entry's patterns match.
+std::vector<ImplId> wanted_ids(const GateEntry& entry, const MlaConfig& cfg) {
+  std::vector<ImplId> out;
+  for (const ImplId& id : registered_ids(cfg, kGate))
+    for (const std::string& p : entry.impls)
+      if (id_matches(p, id)) {
+        out.push_back(id);
+        break;
+      }
+  return out;
+}
+
+GateCase mutant_case(const GateEntry& entry, const GateJob& job, const Outputs& o,
+                     const std::vector<Judged>& judged) {
+  const ImplId id = parse_impl_id(o.impl);
+  GateCase g{entry.name,
+             o.impl,
+             job.label,
+             id.name,
+             to_string(job.cfg.profile),
+             job.cfg.scenario,
+             entry.expect_pass,
+             false,
+             "",
+             "",
+             o.seconds};
+  double worst = 0;
+  for (const Judged& j : judged) {
+    if (!j.v.pass && g.metric.empty()) {
+      g.metric = j.v.first_metric;
+      g.message = "killed on " + j.tensor + ": " + j.v.failed.front();
+    }
+    if (!std::isnan(j.baseline_ratio)) worst = std::max(worst, j.baseline_ratio);
+  }
+  const bool killed = !g.metric.empty();
+  g.ok = entry.expect_pass ? !killed : killed;
+  if (!killed)
+    g.message =
+        fmt::format("survived: every verdict passed (largest baseline_ratio {:.3g})", worst);
+  return g;
+}
+
+// Testcases of one job: the reference's accuracy, then every judged implementation.
+std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Case& k,
+                              const Truth& truth) {
+  const auto t0 = std::chrono::steady_clock::now();
   const GateEntry& entry = c.entries[job.entry];
   const std::string profile = to_string(job.cfg.profile);
+  const std::vector<ImplId> wanted = wanted_ids(entry, k.cfg);
+  const std::vector<ImplId> base_id = registered_ids(k.cfg, kBaseline);
+  std::vector<ImplId> ids = base_id;
+  for (const ImplId& id : wanted)
+    if (!(base_id.size() == 1 && id == base_id[0])) ids.push_back(id);
+  const std::vector<Outputs> impls = run_impls(k, ids);
+  const std::map<std::string, double> baseline = rel_l2_of(k, truth, impls.at(0), c.tensors);
+  std::vector<ImplId> bounded;  // proven bounds for the cpu.* implementations this entry judges
+  for (const ImplId& id : wanted)
+    if (id.family == Family::Cpu) bounded.push_back(id);
+  const std::map<std::string, Outputs> bounds = run_bounds(k, bounded);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<GateCase> out;
-  GateCase refcase{entry.name, "reference." + profile, job.label, "", profile, job.cfg.scenario, true, true, "", "", seconds};
-  if (!(e.agreeing_bits >= e.required_bits)) {
+  GateCase refcase{entry.name, "reference." + profile,
+                   job.label,  "",
+                   profile,    job.cfg.scenario,
+                   true,       true,
+                   "",         "",
+                   seconds};
+  if (!truth.ok()) {
     refcase.ok = false;
     refcase.metric = "agreeing_bits";
-    refcase.message = fmt::format("reference agrees with its 2P run on {:.1f} bits < {:.0f} required", e.agreeing_bits, e.required_bits);
+    refcase.message =
+        fmt::format("reference agrees with its check run on {:.1f} bits < {:.0f} required",
+                    truth.agreeing_bits, truth.required_bits);
   }
   out.push_back(refcase);
   for (const Outputs& o : impls) {
-    const bool is_mutant = o.impl.rfind("mutant.", 0) == 0;
-    bool wanted = false;
-    for (const std::string& p : entry.impls) wanted |= id_matches(with_profile(p, job.cfg.profile), o.impl) || id_matches(p, o.impl);
-    if (!wanted) continue;
+    if (std::find(wanted.begin(), wanted.end(), parse_impl_id(o.impl)) == wanted.end()) continue;
     const auto b = bounds.find(o.impl);
-    const std::vector<Judged> judged = judge_outputs(c.rule, e, o, c.tensors, b == bounds.end() ? nullptr : &b->second);
-    if (is_mutant) {  // one testcase per mutant: ok when the gate kills it
-      GateCase g{entry.name, o.impl, job.label, o.impl.substr(7, o.impl.rfind('.') - 7), profile, job.cfg.scenario,
-                 entry.expect_pass, false, "", "", o.seconds};
-      double worst = 0;
-      for (const Judged& j : judged) {
-        if (!j.v.pass && g.metric.empty()) {
-          g.metric = j.v.first_metric;
-          g.message = "killed on " + j.tensor + ": " + j.v.failed.front();
-        }
-        if (!std::isnan(j.baseline_ratio)) worst = std::max(worst, j.baseline_ratio);
-      }
-      const bool killed = !g.metric.empty();
-      g.ok = entry.expect_pass ? !killed : killed;
-      if (!killed) g.message = fmt::format("survived: every verdict passed (largest baseline_ratio {:.3g})", worst);
-      out.push_back(g);
+    const std::vector<Judged> judged = judge_outputs(c.rule, k, truth, o, c.tensors, baseline,
+                                                     b == bounds.end() ? nullptr : &b->second);
+    if (parse_impl_id(o.impl).family ==
+        Family::Mutant) {  // one testcase per mutant: ok when the gate kills it
+      out.push_back(mutant_case(entry, job, o, judged));
       continue;
     }
     for (const Judged& j : judged) {
-      GateCase g{entry.name, o.impl, job.label + "/" + j.tensor, "", profile, job.cfg.scenario, entry.expect_pass, true, "", "", o.seconds};
+      GateCase g{entry.name,
+                 o.impl,
+                 job.label + "/" + j.tensor,
+                 "",
+                 profile,
+                 job.cfg.scenario,
+                 entry.expect_pass,
+                 true,
+                 "",
+                 "",
+                 o.seconds};
       g.ok = entry.expect_pass ? j.v.pass : !j.v.pass;
       g.metric = j.v.first_metric;
       for (const std::string& f : j.v.failed) g.message += (g.message.empty() ? "" : "; ") + f;
       if (g.message.empty())
-        g.message = fmt::format("rel_l2={:.3g} baseline_ratio={:.3g} bound_ratio={:.3g}", j.m.rel_l2, j.baseline_ratio, j.m.bound_ratio);
+        g.message = fmt::format("rel_l2={:.3g} baseline_ratio={:.3g} bound_ratio={:.3g}",
+                                j.m.rel_l2, j.baseline_ratio, j.m.bound_ratio);
       out.push_back(g);
     }
   }
@@ -115,103 +180,57 @@ GateResults run_gate(const GateConfig& c, int shard_k, int shard_n, int threads)
   const std::vector<GateJob> all = expand_jobs(c);
   for (size_t i = 0; i < all.size(); ++i)
     if (int(i % size_t(shard_n)) == shard_k - 1) jobs.push_back(all[i]);
-  std::vector<Evaluated> cases(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) cases[i].k = generate_case(jobs[i].cfg);
-  evaluate_references(cases, c.ref_bits, threads);
+  std::vector<Case> cases(jobs.size());
+  std::vector<const Case*> ptrs;
+  for (size_t i = 0; i < jobs.size(); ++i)
+    cases[i] = generate_case(jobs[i].cfg), ptrs.push_back(&cases[i]);
+  TruthOptions to;
+  to.bits = c.ref_bits, to.latent_out = true, to.threads = threads;
+  std::vector<Truth> truths = compute_truths(ptrs, to);
   GateResults r;
   std::vector<std::vector<GateCase>> per_job(jobs.size());
   std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < jobs.size(); ++i)
     tasks.push_back([&, i] {
-      const auto t0 = std::chrono::steady_clock::now();
-      Evaluated& e = cases[i];
-      std::vector<Outputs> impls = run_impls(e.k, c.entries[jobs[i].entry].impls);
-      for (const std::string& t : c.tensors)
-        if (impls[0].tensors.count(t))
-          e.baseline[t] = compare(impls[0].tensors.at(t), e.truth.tensors.at(t), impls[0].tensors.at(t).dtype,
-                                  valid_mask(e.k, t), nullptr, &e.truth.lo.at(t)).rel_l2;
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::vector<Outputs> wanted;  // bounds only for the cpu.* implementations this entry judges
-      for (const Outputs& o : impls)
-        for (const std::string& p : c.entries[jobs[i].entry].impls)
-          if (o.impl.rfind("cpu.", 0) == 0 && (id_matches(with_profile(p, jobs[i].cfg.profile), o.impl) || id_matches(p, o.impl))) {
-            wanted.push_back(o);
-            break;
-          }
-      const std::map<std::string, Outputs> bounds = bounds_for(e.k, wanted);
-      per_job[i] = judge_job(c, jobs[i], e, impls, bounds, s);
-      e = Evaluated{};  // free the case early
+      per_job[i] = run_job(c, jobs[i], cases[i], truths[i]);
+      cases[i] = Case{}, truths[i] = Truth{};  // free the case early
     });
   run_parallel(tasks, threads);
   for (auto& v : per_job) r.cases.insert(r.cases.end(), v.begin(), v.end());
   // Mutants an entry asked for that no case of it could show: the kill matrix says why.
-  for (size_t i = 0; i < jobs.size(); ++i)
-    for (impl::Mutant m : impl::all_mutants()) {
-      const std::string id = "mutant." + impl::mutant_name(m);
+  for (const GateJob& job : jobs)
+    for (const auto& [id, why] : unavailable_ids(job.cfg, kGate)) {
       bool wanted = false;
-      for (const std::string& p : c.entries[jobs[i].entry].impls) wanted |= id_matches(p, id);
-      const std::string why = impl::mutant_not_applicable(m, jobs[i].cfg);
-      if (wanted && !why.empty()) r.not_applicable.push_back({impl::mutant_name(m), to_string(jobs[i].cfg.profile), why});
+      for (const std::string& p : c.entries[job.entry].impls) wanted |= id_matches(p, id);
+      if (wanted && id.family == Family::Mutant)
+        r.not_applicable.push_back({id.name, to_string(job.cfg.profile), why});
     }
   return r;
 }
 
-namespace {
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
-}  // namespace
-
 std::string junit_xml(const GateResults& r) {
-  const std::vector<GateCase> all = r.testcases();
-  std::map<std::string, std::vector<const GateCase*>> suites;
-  for (const GateCase& c : all) suites[c.suite].push_back(&c);
-  std::string s = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"qkmla.gate\" tests=\"{}\" failures=\"{}\">\n",
-                              all.size(), r.failed());
-  for (const auto& [name, cases] : suites) {
-    int failures = 0;
-    double time = 0;
-    for (const GateCase* c : cases) {
-      failures += !c->ok;
-      time += c->seconds;
-    }
-    s += fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" time=\"{:.3f}\">\n", xml_escape(name), cases.size(), failures, time);
-    for (const GateCase* c : cases) {
-      s += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", xml_escape(c->classname), xml_escape(c->name), c->seconds);
-      if (c->ok) {
-        s += "/>\n";
-      } else {
-        s += fmt::format(">\n      <failure message=\"{}\">{}</failure>\n    </testcase>\n", xml_escape(c->metric.empty() ? "survived" : c->metric),
-                         xml_escape(c->message));
-      }
-    }
-    s += "  </testsuite>\n";
-  }
-  return s + "</testsuites>\n";
+  std::vector<JUnitCase> cases;
+  for (const GateCase& c : r.testcases())
+    cases.push_back({c.suite, c.classname, c.name, c.ok, c.seconds,
+                     c.metric.empty() ? "survived" : c.metric, c.message});
+  return qkmla::junit_xml("qkmla.gate", cases);
 }
 
 std::string gate_markdown(const GateResults& r, const std::string& how) {
   std::string s = "# qkmla gate\n\n" + how + "\n\n";
   const std::vector<GateCase> all = r.testcases();
   std::map<std::string, std::pair<int, int>> by_class;  // classname -> (passed, failed)
-  for (const GateCase& c : all) (c.ok ? by_class[c.classname].first : by_class[c.classname].second)++;
-  s += "| implementation | passed | failed |\n|---|---|---|\n";
-  for (const auto& [cls, pf] : by_class) s += fmt::format("| `{}` | {} | {} |\n", cls, pf.first, pf.second);
+  for (const GateCase& c : all)
+    (c.ok ? by_class[c.classname].first : by_class[c.classname].second)++;
+  Table t{{"implementation", "passed", "failed"}, {false, true, true}, {}, {}};
+  for (const auto& [cls, pf] : by_class)
+    t.rows.push_back({"`" + cls + "`", std::to_string(pf.first), std::to_string(pf.second)});
+  s += to_markdown(t);
   if (r.failed()) {
-    s += "\n## Failures\n\n| implementation | case | why |\n|---|---|---|\n";
+    Table f{{"implementation", "case", "why"}, {}, {}, {}};
     for (const GateCase& c : all)
-      if (!c.ok) s += fmt::format("| `{}` | {} | {} |\n", c.classname, c.name, c.message);
+      if (!c.ok) f.rows.push_back({"`" + c.classname + "`", c.name, c.message});
+    s += "\n## Failures\n\n" + to_markdown(f);
   }
   return s + fmt::format("\n{} passed, {} failed\n", r.passed(), r.failed());
 }
@@ -220,12 +239,21 @@ std::string results_json(const GateResults& r) {
   nlohmann::ordered_json j;
   j["cases"] = nlohmann::json::array();
   for (const GateCase& c : r.cases)
-    j["cases"].push_back({{"suite", c.suite}, {"classname", c.classname}, {"name", c.name}, {"mutant", c.mutant},
-                          {"profile", c.profile}, {"scenario", c.scenario}, {"expect_pass", c.expect_pass}, {"ok", c.ok},
-                          {"metric", c.metric}, {"message", c.message}, {"seconds", c.seconds}});
+    j["cases"].push_back({{"suite", c.suite},
+                          {"classname", c.classname},
+                          {"name", c.name},
+                          {"mutant", c.mutant},
+                          {"profile", c.profile},
+                          {"scenario", c.scenario},
+                          {"expect_pass", c.expect_pass},
+                          {"ok", c.ok},
+                          {"metric", c.metric},
+                          {"message", c.message},
+                          {"seconds", c.seconds}});
   j["not_applicable"] = nlohmann::json::array();
   for (const NotApplicable& n : r.not_applicable)
-    j["not_applicable"].push_back({{"mutant", n.mutant}, {"profile", n.profile}, {"reason", n.reason}});
+    j["not_applicable"].push_back(
+        {{"mutant", n.mutant}, {"profile", n.profile}, {"reason", n.reason}});
   j["passed"] = r.passed();
   j["failed"] = r.failed();
   return j.dump(1) + "\n";
@@ -238,18 +266,22 @@ GateResults results_from_json(const std::string& path) {
   try {
     const nlohmann::json j = nlohmann::json::parse(in);
     for (const auto& c : j.at("cases"))
-      r.cases.push_back({c.at("suite"), c.at("classname"), c.at("name"), c.at("mutant"), c.at("profile"), c.at("scenario"),
-                         c.at("expect_pass"), c.at("ok"), c.at("metric"), c.at("message"), c.at("seconds")});
-    for (const auto& n : j.at("not_applicable")) r.not_applicable.push_back({n.at("mutant"), n.at("profile"), n.at("reason")});
+      r.cases.push_back({c.at("suite"), c.at("classname"), c.at("name"), c.at("mutant"),
+                         c.at("profile"), c.at("scenario"), c.at("expect_pass"), c.at("ok"),
+                         c.at("metric"), c.at("message"), c.at("seconds")});
+    for (const auto& n : j.at("not_applicable"))
+      r.not_applicable.push_back({n.at("mutant"), n.at("profile"), n.at("reason")});
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(path, "gate results", std::string("not a qkmla gate --format json file: ") + e.what());
+    throw InputError(path, "gate results",
+                     std::string("not a qkmla gate --format json file: ") + e.what());
   }
   return r;
 }
 
 void merge_into(GateResults& into, const GateResults& part) {
   into.cases.insert(into.cases.end(), part.cases.begin(), part.cases.end());
-  into.not_applicable.insert(into.not_applicable.end(), part.not_applicable.begin(), part.not_applicable.end());
+  into.not_applicable.insert(into.not_applicable.end(), part.not_applicable.begin(),
+                             part.not_applicable.end());
 }
 
 }  // namespace qkmla

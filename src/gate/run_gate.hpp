@@ -8,10 +8,10 @@
 
 namespace qkmla {
 
-struct GateCase {       // one testcase of the JUnit file
-  std::string suite;    // the entry's name
-  std::string classname;  // implementation id with profile, or "reference"
-  std::string name;     // job label (+ "/" + tensor for correct implementations)
+struct GateCase {                         // one testcase of the JUnit file
+  std::string suite;                      // the entry's name
+  std::string classname;                  // implementation id with profile, or "reference"
+  std::string name;                       // job label (+ "/" + tensor for correct implementations)
   std::string mutant, profile, scenario;  // mutants only: for the kill matrix
   bool expect_pass = true;
   bool ok = true;       // the expectation held

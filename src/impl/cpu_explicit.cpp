@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "bounds/error_bound.hpp"
+#include "impl/attention_core.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/norm_stage.hpp"
 
@@ -24,10 +25,15 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps) {
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
   ExplicitQuery<Acc> q;
-  q.qc.assign(qn.data.begin() + qn.index({b, i, h, 0}), qn.data.begin() + qn.index({b, i, h, 0}) + c.d_c);
-  q.qr.assign(qp.data.begin() + qp.index({b, i, h, 0}), qp.data.begin() + qp.index({b, i, h, 0}) + c.d_r);
+  q.qc.assign(qn.data.begin() + qn.index({b, i, h, 0}),
+              qn.data.begin() + qn.index({b, i, h, 0}) + c.d_c);
+  q.qr.assign(qp.data.begin() + qp.index({b, i, h, 0}),
+              qp.data.begin() + qp.index({b, i, h, 0}) + c.d_r);
   const int64_t pos = k.pos(b, i);
-  if (c.norm == NormMode::Blockwise) {
+  if (c.norm == NormMode::None) {  // plain MLA: raw content, rotated raw rope part
+    q.alpha_q = Acc(1);
+    if (pos >= 0) rotate(q.qr.data(), k, pos);
+  } else if (c.norm == NormMode::Blockwise) {
     q.alpha_q = inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps);
     scale_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q);
     if (pos >= 0) blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
@@ -63,11 +69,16 @@ ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc*
   const Tensor& kpe = k.get("k_pe");
   const int G = c.groups, dc = c.d_c, dr = c.d_r;
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
-  std::vector<Acc> zk(kpe.data.begin() + kpe.index({b, t, 0}), kpe.data.begin() + kpe.index({b, t, 0}) + dr);
+  std::vector<Acc> zk(kpe.data.begin() + kpe.index({b, t, 0}),
+                      kpe.data.begin() + kpe.index({b, t, 0}) + dr);
   ExplicitKey<Acc> e;
   e.kc.assign(k0c, k0c + G * dc);  // E.1: k0c [G*d_c], accumulated in Acc over r
   e.v.assign(v, v + G * c.d_v);
-  if (c.norm == NormMode::Blockwise) {
+  if (c.norm == NormMode::None) {
+    e.alpha_k.assign(size_t(G), Acc(1));
+    e.kr = zk;
+    rotate(e.kr.data(), k, t);
+  } else if (c.norm == NormMode::Blockwise) {
     const std::vector<Acc> gck = to_acc<Acc>(k.get("gamma_ck"));
     for (int g = 0; g < G; ++g) {
       Acc* kg = e.kc.data() + g * dc;
@@ -103,22 +114,24 @@ Outputs run(const Case& k) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
   const Acc eps = Acc(c.eps), scale = Acc(c.softmax_scale);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
+  const bool stats = c.norm != NormMode::None;
   Outputs o;
-  o.impl = "cpu.explicit." + to_string(c.profile);
   Tensor& out = o.tensors["out"] = make_output(k, "out", D, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
-  Tensor& aq = o.tensors["alpha_q"] = make_output(k, "alpha_q", A, 0.0);
-  Tensor& ak = o.tensors["alpha_k"] = make_output(k, "alpha_k", A, std::numeric_limits<double>::quiet_NaN());
+  Tensor aq = make_output(k, "alpha_q", A, 0.0);
+  Tensor ak = make_output(k, "alpha_k", A, std::numeric_limits<double>::quiet_NaN());
   const int H = c.heads, S = c.s_q, dc = c.d_c, dr = c.d_r, dv = c.d_v;
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
-    std::vector<ExplicitKey<Acc>> keys;  // the full-key cache of sequence b
+    std::vector<ExplicitKey<Acc>> keys;                     // the full-key cache of sequence b
     const std::vector<Acc> cb = latent_rows<Acc>(k, b, T);  // [T, r]
-    std::vector<Acc> k0c(size_t(T * c.groups * dc)), v(size_t(T * c.groups * dv));  // [T, G*d_c], [T, G*d_v]
+    std::vector<Acc> k0c(size_t(T * c.groups * dc)),
+        v(size_t(T * c.groups * dv));  // [T, G*d_c], [T, G*d_v]
     rows_mat(cb.data(), T, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
     rows_mat(cb.data(), T, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
     for (int64_t t = 0; t < T; ++t) {
-      keys.push_back(key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps));
+      keys.push_back(
+          key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps));
       for (int g = 0; g < c.groups; ++g) ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
     }
     for (int i = 0; i < S; ++i)
@@ -126,23 +139,24 @@ Outputs run(const Case& k) {
         const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps);
         aq.at({b, i, h}) = double(q.alpha_q);
         const int g = c.group_of(h);
-        std::vector<Acc> p;
-        std::vector<int64_t> ts;
-        for (int64_t t = 0; t < T; ++t) {
-          if (!k.causal_visible(b, i, t)) continue;
+        std::vector<int64_t> tokens;
+        for (int64_t t = 0; t < T; ++t)
+          if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
+        auto logit = [&](int64_t t) {  // E.5
           const ExplicitKey<Acc>& e = keys[size_t(t)];
           const Acc* kr = e.kr.data() + (e.kr.size() == size_t(dr) ? 0 : g * dr);
-          p.push_back(scale * (dot(q.qc.data(), e.kc.data() + g * dc, dc) + dot(q.qr.data(), kr, dr)));
-          ts.push_back(t);
-        }
-        lse.at({b, i, h}) = double(softmax(p));
-        std::vector<Acc> acc(size_t(dv), Acc(0));
-        for (size_t n = 0; n < ts.size(); ++n) {
-          const Acc* v = keys[size_t(ts[n])].v.data() + g * dv;
-          for (int j = 0; j < dv; ++j) acc[size_t(j)] += p[n] * v[j];
-        }
+          return plain_logit(scale, dot(q.qc.data(), e.kc.data() + g * dc, dc),
+                             dot(q.qr.data(), kr, dr));
+        };
+        auto value = [&](int64_t t) { return keys[size_t(t)].v.data() + g * dv; };
+        std::vector<Acc> acc;
+        lse.at({b, i, h}) = double(attend_row(tokens, logit, value, dv, acc));  // E.6-E.7
         for (int j = 0; j < dv; ++j) out.at({b, i, h, j}) = double(store(D, acc[size_t(j)]));
       }
+  }
+  if (stats) {
+    o.tensors["alpha_q"] = std::move(aq);
+    o.tensors["alpha_k"] = std::move(ak);
   }
   return o;
 }
@@ -151,9 +165,7 @@ Outputs run(const Case& k) {
 
 Outputs cpu_explicit_bounds(const Case& k) {
   bounds::units() = bounds::make_units(accumulate_dtype(k.cfg.profile));
-  Outputs o = run<bounds::EB>(k);
-  o.impl = "bound." + o.impl;
-  return o;
+  return run<bounds::EB>(k);
 }
 
 Outputs cpu_explicit(const Case& k) {

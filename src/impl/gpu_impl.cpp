@@ -5,7 +5,12 @@
 
 namespace qkmla::impl {
 
-bool gpu_profile(Profile p) { return p != Profile::FP64; }
+std::string gpu_not_applicable(const MlaConfig& c) {
+  if (c.profile == Profile::FP64) return "the kernels have no fp64 profile";
+  if (c.norm == NormMode::None)
+    return "the kernels implement QK-normed MLA only (norm none is not built)";
+  return "";
+}
 
 namespace {
 
@@ -40,7 +45,8 @@ Tensor tensor_of(const std::vector<float>& v, DType d, std::vector<int64_t> shap
 
 gpu::GpuCase to_gpu_case(const Case& k) {
   const MlaConfig& c = k.cfg;
-  if (!gpu_profile(c.profile)) throw ConfigError("profile", "the GPU kernels have no fp64 profile");
+  if (const std::string why = gpu_not_applicable(c); !why.empty())
+    throw ConfigError("profile", "GPU kernels: " + why);
   gpu::GpuCase g;
   gpu::Dims& d = g.d;
   d.B = c.batch, d.S_q = c.s_q, d.H = c.heads, d.G = c.groups, d.r = c.latent_rank;
@@ -76,12 +82,11 @@ gpu::GpuCase to_gpu_case(const Case& k) {
   return g;
 }
 
-Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g, const std::string& impl) {
+Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g) {
   const MlaConfig& c = k.cfg;
   const DType D = stored_dtype(c.profile);
   const int64_t B = c.batch, S = c.s_q, H = c.heads;
   Outputs o;
-  o.impl = impl;
   o.tensors["out"] = tensor_of(g.out, D, {B, S, H, c.d_v});
   o.tensors["lse"] = tensor_of(g.lse, DType::F32, {B, S, H});
   o.tensors["alpha_q"] = tensor_of(g.alpha_q, DType::F32, {B, S, H});
@@ -99,19 +104,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Outputs gpu_model(const Case& k, const gpu::RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string id =
-      std::string("gpu.model.") + (o.explicit_form ? "explicit." : "") + to_string(k.cfg.profile);
-  Outputs out = from_gpu(k, gpu::run_model(to_gpu_case(k), o), id);
+  Outputs out = from_gpu(k, gpu::run_model(to_gpu_case(k), o));
   out.seconds = seconds_since(t0);
   return out;
 }
 
 Outputs gpu_device(const Case& k, const gpu::RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string id =
-      std::string(o.explicit_form ? "gpu.explicit." : "gpu.absorbed.") + to_string(k.cfg.profile);
-  const gpu::GpuOutputs g = gpu::run_on_device(to_gpu_case(k), o);
-  Outputs out = from_gpu(k, g, id);
+  Outputs out = from_gpu(k, gpu::run_on_device(to_gpu_case(k), o));
   out.seconds = seconds_since(t0);
   return out;
 }

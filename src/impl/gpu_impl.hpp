@@ -1,25 +1,27 @@
-// The GPU implementations as report rows: gpu.model.<profile> (the kernels' CPU model, always),
-// gpu.absorbed.<profile> and gpu.explicit.<profile> (the kernels, only where a device exists).
-// Both read the same GpuCase, converted once from the case's bits.
+// The GPU implementations on a case: the kernels' CPU model (gpu.model.<profile>, always) and the
+// kernels themselves (gpu.absorbed.<profile>, gpu.explicit.<profile>, only where a device exists).
+// Both read the same GpuCase, converted once from the case's bits. Outputs are unnamed: the
+// harness registry names them.
 #pragma once
 #include <string>
 
 #include "core/case.hpp"
 #include "core/outputs.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::impl {
 
-// Profiles the kernels implement: fp32, bf16, fp16, fp8 (not fp64).
-bool gpu_profile(Profile p);
+// Why the kernels cannot run this config ("" when they can): they implement fp32, bf16, fp16 and
+// fp8 (not fp64), QK-normed (not norm none).
+std::string gpu_not_applicable(const MlaConfig& c);
 // The case's tensors as fp32 values of their bits (exact: every stored format fits in fp32).
 gpu::GpuCase to_gpu_case(const Case& k);
-// Outputs with the SPEC's tensor names, dtypes and shapes; `impl` is the report id.
-Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g, const std::string& impl);
+// Outputs with the SPEC's tensor names, dtypes and shapes.
+Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g);
 
-// gpu.model.<profile> (absorbed) or gpu.model.explicit.<profile>.
+// The CPU model of the absorbed (or, o.explicit_form, the explicit) pipeline.
 Outputs gpu_model(const Case& k, const gpu::RunOptions& o);
-// gpu.absorbed.<profile> or gpu.explicit.<profile> on the device (throws without one).
+// The kernels on the device (throws without one).
 Outputs gpu_device(const Case& k, const gpu::RunOptions& o);
 
 }  // namespace qkmla::impl

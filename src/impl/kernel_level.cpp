@@ -1,57 +1,119 @@
+// Kernel level (SPEC §2): the kernel-level case of a module-level case, and cpu.kernel.<profile>,
+// the same-profile latent attention core run on those inputs.
 #include "impl/kernel_level.hpp"
 
 #include <chrono>
+#include <limits>
 
-#include "impl/profile_math.hpp"
+#include "impl/absorbed_stages.hpp"
 
 namespace qkmla::impl {
 
 namespace {
+
+template <class Acc>
+Case kernel_case_t(const Case& k) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
+  const int H = cf.heads, S = cf.s_q, G = cf.groups, dr = cf.d_r, r = cf.latent_rank;
+  const int64_t T = k.t_max();
+  const bool stats = cf.norm != NormMode::None;
+  const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk"));
+  Case kc{cf, {}, nullptr};
+  kc.cfg.level = Level::Kernel;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor& ql = kc.tensors["q_latent"] = Tensor(D, {cf.batch, S, H, r});
+  Tensor& qr = kc.tensors["q_rope"] = Tensor(D, {cf.batch, S, H, dr});
+  Tensor& kv = kc.tensors["kv_c"] = Tensor(D, {cf.batch, T, r}, nan);
+  Tensor& kr = kc.tensors["k_rope"] = Tensor(D, {cf.batch, T, dr}, nan);
+  Tensor aq(A, {cf.batch, S, H}), ak(A, {cf.batch, T, G}, nan);
+  kc.tensors["seqlens"] = k.get("seqlens");
+  for (int b = 0; b < cf.batch; ++b) {
+    const LatentCache<Acc> cache = build_cache(k, b, wk, Acc(cf.eps), Perturbation{});
+    for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
+      for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(cache.c[size_t(t * r + l)]);
+      for (int j = 0; j < dr; ++j) kr.at({b, t, j}) = double(cache.rope[size_t(t * dr + j)]);
+      for (int g = 0; g < G; ++g) ak.at({b, t, g}) = double(cache.alpha_k[size_t(t * G + g)]);
+    }
+    for (int i = 0; i < S; ++i)
+      for (int h = 0; h < H; ++h) {
+        const LatentQuery<Acc> q =
+            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk, Acc(cf.eps));
+        aq.at({b, i, h}) = double(q.alpha_q);
+        for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
+        for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
+      }
+  }
+  if (stats) {  // plain MLA has no statistics: its kernel reads neither (alpha_q = alpha_k = 1)
+    kc.tensors["alpha_q"] = std::move(aq);
+    kc.tensors["alpha_k"] = std::move(ak);
+  }
+  if (cf.profile == Profile::FP8) {  // the kernel reads the e4m3 codes and their scales themselves
+    kc.tensors["kv_c"] = k.get("kv_c");
+    kc.tensors["kv_c_scale"] = k.get("kv_c_scale");
+    attach_latent(kc);
+  }
+  return kc;
+}
+
+// The kernel case's inputs of sequence b as the latent core's cache, and its query rows.
+template <class Acc>
+LatentCache<Acc> cache_of(const Case& k, int b) {
+  const MlaConfig& cf = k.cfg;
+  const int64_t T = cf.seqlens[size_t(b)];
+  const Tensor& kr = k.get("k_rope");
+  LatentCache<Acc> lc;
+  lc.c = latent_rows<Acc>(k, b, T);
+  lc.rope.assign(kr.data.begin() + kr.index({b, 0, 0}),
+                 kr.data.begin() + kr.index({b, 0, 0}) + T * cf.d_r);
+  if (cf.norm == NormMode::None) {
+    lc.alpha_k.assign(size_t(T * cf.groups), Acc(1));
+  } else {
+    const Tensor& ak = k.get("alpha_k");
+    lc.alpha_k.assign(ak.data.begin() + ak.index({b, 0, 0}),
+                      ak.data.begin() + ak.index({b, 0, 0}) + T * cf.groups);
+  }
+  return lc;
+}
+
 template <class Acc>
 Outputs run(const Case& k) {
   const MlaConfig& cf = k.cfg;
   const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
-  const int H = cf.heads, S = cf.s_q, G = cf.groups, dr = cf.d_r, r = cf.latent_rank;
-  const Acc scale = Acc(cf.softmax_scale);
-  const bool unified = cf.norm == NormMode::Unified;
-  const std::vector<Acc> ql = to_acc<Acc>(k.get("q_latent")), aq = to_acc<Acc>(k.get("alpha_q")),
-                         qr = to_acc<Acc>(k.get("q_rope")),
-                         kr = to_acc<Acc>(k.get("k_rope")), ak = to_acc<Acc>(k.get("alpha_k"));
-  const int64_t T_max = k.t_max();
-  std::vector<Acc> kv;  // [B, T_max, r]
-  for (int b = 0; b < cf.batch; ++b) {
-    const std::vector<Acc> rows = latent_rows<Acc>(k, b, T_max);
-    kv.insert(kv.end(), rows.begin(), rows.end());
-  }
+  const int r = cf.latent_rank, dr = cf.d_r;
+  const Tensor &ql = k.get("q_latent"), &qr = k.get("q_rope");
   Outputs o;
-  o.impl = "cpu.kernel." + to_string(cf.profile);
-  Tensor& lat = o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);
+  Tensor& lat_out = o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
-  for (int b = 0; b < cf.batch; ++b)
-    for (int i = 0; i < S; ++i)
-      for (int h = 0; h < H; ++h) {
-        const int64_t row = (int64_t(b) * S + i) * H + h;
-        const int g = cf.group_of(h);
-        std::vector<Acc> p;
-        std::vector<int64_t> ts;
-        for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
-          if (!k.causal_visible(b, i, t)) continue;
-          const int64_t bt = int64_t(b) * T_max + t;
-          const Acc latent = dot(&ql[size_t(row * r)], &kv[size_t(bt * r)], r);
-          const Acc rope = dot(&qr[size_t(row * dr)], &kr[size_t(bt * dr)], dr);
-          const Acc s = aq[size_t(row)] * ak[size_t(bt * G + g)];
-          p.push_back(unified ? scale * (s * (latent + rope)) : scale * (s * latent + rope));
-          ts.push_back(t);
-        }
-        lse[row] = double(softmax(p));
-        std::vector<Acc> acc(size_t(r), Acc(0));
-        for (size_t n = 0; n < ts.size(); ++n)
-          for (int l = 0; l < r; ++l) acc[size_t(l)] += p[n] * kv[size_t((int64_t(b) * T_max + ts[n]) * r + l)];
-        for (int l = 0; l < r; ++l) lat[row * r + l] = double(store(D, acc[size_t(l)]));
+  for (int b = 0; b < cf.batch; ++b) {
+    const int64_t T = cf.seqlens[size_t(b)];
+    const LatentCache<Acc> cache = cache_of<Acc>(k, b);
+    for (int i = 0; i < cf.s_q; ++i)
+      for (int h = 0; h < cf.heads; ++h) {
+        const int64_t row = (int64_t(b) * cf.s_q + i) * cf.heads + h;
+        LatentQuery<Acc> q;
+        q.q_latent.assign(ql.data.begin() + row * r, ql.data.begin() + (row + 1) * r);
+        q.rope.assign(qr.data.begin() + row * dr, qr.data.begin() + (row + 1) * dr);
+        q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
+        std::vector<int64_t> tokens;
+        for (int64_t t = 0; t < T; ++t)
+          if (token_visible(cf.causal, T, cf.s_q, i, t)) tokens.push_back(t);
+        std::vector<Acc> lat;
+        lse[row] = double(latent_attend(
+            cf, q, cache, cf.group_of(h), tokens, Acc(cf.softmax_scale),
+            [](int64_t t) { return t; }, false, lat));
+        for (int l = 0; l < r; ++l) lat_out[row * r + l] = double(store(D, lat[size_t(l)]));
       }
+  }
   return o;
 }
+
 }  // namespace
+
+Case kernel_case(const Case& k) {
+  return accumulate_dtype(k.cfg.profile) == DType::F64 ? kernel_case_t<double>(k)
+                                                       : kernel_case_t<float>(k);
+}
 
 Outputs cpu_kernel(const Case& k) {
   const auto start = std::chrono::steady_clock::now();

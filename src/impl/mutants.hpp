@@ -1,36 +1,26 @@
-// The deliberately wrong implementations of SPEC §7: plausible bugs the gate must catch. Each is
-// the default absorbed implementation with one change; ids are mutant.<name>.<profile>.
+// The deliberately wrong implementations of SPEC §7: plausible bugs the gate must catch. Each is a
+// named Perturbation (core/perturbation.hpp) of the default absorbed implementation; the gate
+// runs it through cpu_absorbed, certify refutes the same object, converge evaluates it in MPFR.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/perturbation.hpp"
 
 namespace qkmla::impl {
 
-enum class Mutant {
-  None,
-  NoGammaK,             // gamma_ck not absorbed into q_latent
-  GammaKTwice,          // gamma_ck applied twice
-  EpsOutsideSqrt,       // 1 / (sqrt(mean z^2) + eps)
-  NoEps,                // eps dropped
-  AlphaKFromLatent,     // RMS over c[t] instead of the key
-  AlphaKLowp,           // key RMS accumulated in bf16
-  JointNormInBlockwise, // unified statistic in a blockwise config
-  AlphaKOffByOne,       // token t scaled by alpha_k[t-1]
-  GroupMapMod,          // g(h) = h % G
-  ScaleDcOnly,          // sigma = 1/sqrt(d_c)
-  NoAlphaQ,             // alpha_q dropped
-  ScoreLowpAccum,       // q_latent . c accumulated in bf16
-  CausalOffByOne,       // query i also sees pos(i) + 1
-  RopeOrderSwapped,     // the other rope order
-  LseBase2,             // lse in base 2
+struct Mutant {
+  std::string name;  // "no_gamma_k", ... (ids: mutant.<name>.<profile>)
+  std::string bug;   // one line: what is wrong
+  Perturbation p;
+  std::string exposed_by;  // a scenario where its effect is far above rounding ("" = any)
+  bool converge = false;   // a series of qkmla converge (evaluated in MPFR at every precision)
 };
 
-const std::vector<Mutant>& all_mutants();
-std::string mutant_name(Mutant m);                 // "no_gamma_k", ...
-Mutant parse_mutant(const std::string& name);      // throws ConfigError("mutant", ...)
+const std::vector<Mutant>& mutants();                // SPEC §7's table, in its order
+const Mutant& find_mutant(const std::string& name);  // throws ConfigError("mutant", ...)
 // Why the mutant cannot differ from the correct implementation on this config ("" if it can).
-std::string mutant_not_applicable(Mutant m, const MlaConfig& c);
+std::string mutant_not_applicable(const Mutant& m, const MlaConfig& c);
 
 }  // namespace qkmla::impl

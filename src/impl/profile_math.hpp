@@ -53,6 +53,15 @@ Acc dot(const Acc* a, const Acc* b, int n) {
   return s;
 }
 
+// dot(a, b) with every partial sum rounded to bf16 when `lowp` (the *_lowp mutants' accumulation).
+template <class Acc>
+Acc dot_maybe_lowp(const Acc* a, const Acc* b, int n, bool lowp) {
+  if (!lowp) return dot(a, b, n);
+  Acc s = 0;
+  for (int j = 0; j < n; ++j) s = store(DType::BF16, s + a[j] * b[j]);
+  return s;
+}
+
 // 1 / sqrt(sum_sq / n + eps), all in Acc (E.2).
 template <class Acc>
 Acc inv_rms_from(Acc sum_sq, int n, Acc eps) {

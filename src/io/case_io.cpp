@@ -7,8 +7,10 @@ namespace qkmla {
 CaseFile read_case(const std::string& path) {
   SafetensorsFile f = read_safetensors(path);
   if (f.metadata["qkmla.format"] != "1")
-    throw InputError(path, "__metadata__.qkmla.format", "must be \"1\" (got \"" + f.metadata["qkmla.format"] + "\")");
-  if (!f.metadata.count("qkmla.config")) throw InputError(path, "__metadata__.qkmla.config", "missing");
+    throw InputError(path, "__metadata__.qkmla.format",
+                     "must be \"1\" (got \"" + f.metadata["qkmla.format"] + "\")");
+  if (!f.metadata.count("qkmla.config"))
+    throw InputError(path, "__metadata__.qkmla.config", "missing");
   CaseFile out;
   out.metadata = f.metadata;
   try {
@@ -17,8 +19,10 @@ CaseFile read_case(const std::string& path) {
     throw InputError(path, "qkmla.config." + e.field, e.what());
   }
   for (auto& [name, t] : f.tensors) {
-    if (name.rfind("ref.", 0) == 0) out.refs[name] = std::move(t);
-    else out.k.tensors[name] = std::move(t);
+    if (name.rfind("ref.", 0) == 0)
+      out.refs[name] = std::move(t);
+    else
+      out.k.tensors[name] = std::move(t);
   }
   try {
     validate_case(out.k);

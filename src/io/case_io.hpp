@@ -9,7 +9,7 @@ namespace qkmla {
 
 struct CaseFile {
   Case k;
-  std::map<std::string, Tensor> refs;         // "ref.out" -> ..., as stored
+  std::map<std::string, Tensor> refs;           // "ref.out" -> ..., as stored
   std::map<std::string, std::string> metadata;  // every __metadata__ entry
 };
 

@@ -11,7 +11,8 @@ namespace qkmla {
 
 Tensor parse_npy(const std::vector<unsigned char>& b, const std::string& name) {
   static const unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
-  if (b.size() < 10 || std::memcmp(b.data(), magic, 6) != 0) throw InputError(name, "npy", "not a .npy file (bad magic)");
+  if (b.size() < 10 || std::memcmp(b.data(), magic, 6) != 0)
+    throw InputError(name, "npy", "not a .npy file (bad magic)");
   const int major = b[6];
   size_t hlen, start;
   if (major == 1) {
@@ -24,13 +25,18 @@ Tensor parse_npy(const std::vector<unsigned char>& b, const std::string& name) {
   } else {
     throw InputError(name, "npy", "unsupported version " + std::to_string(major));
   }
-  if (hlen > b.size() - start) throw InputError(name, "npy", "header runs past the end of the file");
-  const std::string header(b.begin() + std::ptrdiff_t(start), b.begin() + std::ptrdiff_t(start + hlen));
+  if (hlen > b.size() - start)
+    throw InputError(name, "npy", "header runs past the end of the file");
+  const std::string header(b.begin() + std::ptrdiff_t(start),
+                           b.begin() + std::ptrdiff_t(start + hlen));
   std::smatch m;
-  if (!std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'"))) throw InputError(name, "npy", "no descr in header");
+  if (!std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")))
+    throw InputError(name, "npy", "no descr in header");
   const std::string descr = m[1];
-  if (std::regex_search(header, std::regex("'fortran_order':\\s*True"))) throw InputError(name, "npy", "Fortran order is not supported");
-  if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)"))) throw InputError(name, "npy", "no shape in header");
+  if (std::regex_search(header, std::regex("'fortran_order':\\s*True")))
+    throw InputError(name, "npy", "Fortran order is not supported");
+  if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")))
+    throw InputError(name, "npy", "no shape in header");
   Tensor t;
   const std::string dims = m[1];
   static const std::regex digits("\\d+");
@@ -40,22 +46,41 @@ Tensor parse_npy(const std::vector<unsigned char>& b, const std::string& name) {
     if (t.numel() > (int64_t(1) << 40)) throw InputError(name, "npy", "shape too large");
   }
   int size;
-  if (descr == "<f8") t.dtype = DType::F64, size = 8;
-  else if (descr == "<f4") t.dtype = DType::F32, size = 4;
-  else if (descr == "<f2") t.dtype = DType::F16, size = 2;
-  else if (descr == "<i4") t.dtype = DType::I32, size = 4;
-  else throw InputError(name, "npy", "unsupported dtype '" + descr + "' (supported: <f8, <f4, <f2, <i4)");
+  if (descr == "<f8")
+    t.dtype = DType::F64, size = 8;
+  else if (descr == "<f4")
+    t.dtype = DType::F32, size = 4;
+  else if (descr == "<f2")
+    t.dtype = DType::F16, size = 2;
+  else if (descr == "<i4")
+    t.dtype = DType::I32, size = 4;
+  else
+    throw InputError(name, "npy",
+                     "unsupported dtype '" + descr + "' (supported: <f8, <f4, <f2, <i4)");
   const uint64_t n = uint64_t(t.numel());
   const size_t data = start + hlen;
   if (b.size() - data != n * uint64_t(size))
-    throw InputError(name, "npy", "holds " + std::to_string(b.size() - data) + " data bytes, shape " + shape_str(t.shape) + " needs " + std::to_string(n * uint64_t(size)));
+    throw InputError(name, "npy",
+                     "holds " + std::to_string(b.size() - data) + " data bytes, shape " +
+                         shape_str(t.shape) + " needs " + std::to_string(n * uint64_t(size)));
   t.data.resize(n);
   for (uint64_t i = 0; i < n; ++i) {
     const unsigned char* p = b.data() + data + i * uint64_t(size);
-    if (t.dtype == DType::F64) std::memcpy(&t.data[i], p, 8);
-    else if (t.dtype == DType::F32) { float f; std::memcpy(&f, p, 4); t.data[i] = f; }
-    else if (t.dtype == DType::I32) { int32_t v; std::memcpy(&v, p, 4); t.data[i] = v; }
-    else { uint16_t u; std::memcpy(&u, p, 2); t.data[i] = decode16(DType::F16, u); }
+    if (t.dtype == DType::F64)
+      std::memcpy(&t.data[i], p, 8);
+    else if (t.dtype == DType::F32) {
+      float f;
+      std::memcpy(&f, p, 4);
+      t.data[i] = f;
+    } else if (t.dtype == DType::I32) {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      t.data[i] = v;
+    } else {
+      uint16_t u;
+      std::memcpy(&u, p, 2);
+      t.data[i] = decode16(DType::F16, u);
+    }
   }
   return t;
 }

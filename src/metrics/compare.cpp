@@ -5,16 +5,6 @@
 
 namespace qkmla {
 
-std::vector<bool> valid_mask(const Case& k, const std::string& tensor) {
-  if (tensor != "alpha_k") return {};
-  const int64_t T = k.t_max(), G = k.cfg.groups;
-  std::vector<bool> m(size_t(k.cfg.batch * T * G), false);
-  for (int b = 0; b < k.cfg.batch; ++b)
-    for (int64_t t = 0; t < k.cfg.seqlens[size_t(b)]; ++t)
-      for (int64_t g = 0; g < G; ++g) m[size_t((b * T + t) * G + g)] = true;
-  return m;
-}
-
 namespace {
 bool same_nonfinite(double a, double b) {
   return (std::isnan(a) && std::isnan(b)) || (std::isinf(a) && a == b);
@@ -54,13 +44,16 @@ Metrics compare(const Tensor& x, const Tensor& y, DType ulp_dtype, const std::ve
   return m;
 }
 
-double bound_ratio(const Tensor& x, const Tensor& y, const Tensor& bound, const std::vector<bool>& mask) {
+double bound_ratio(const Tensor& x, const Tensor& y, const Tensor& bound,
+                   const std::vector<bool>& mask) {
   double worst = 0;
   for (int64_t i = 0; i < y.numel(); ++i) {
-    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
+      continue;
     const double lim = bound[i] + std::ldexp(std::fabs(y[i]), -100);
     const double err = std::fabs(x[i] - y[i]);
-    if (err > 0) worst = std::max(worst, lim > 0 ? err / lim : std::numeric_limits<double>::infinity());
+    if (err > 0)
+      worst = std::max(worst, lim > 0 ? err / lim : std::numeric_limits<double>::infinity());
   }
   return worst;
 }

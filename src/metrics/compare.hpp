@@ -20,17 +20,15 @@ struct Metrics {
   int64_t nonfinite_mismatch = 0;
   int64_t compared = 0;  // positions where both values are finite
   Worst worst;           // position of max_abs
-  double bound_ratio = std::numeric_limits<double>::quiet_NaN();  // max |x - y| / bound, if a bound is known
+  double bound_ratio =
+      std::numeric_limits<double>::quiet_NaN();  // max |x - y| / bound, if a bound is known
 };
 
 // max over compared positions of |x - y| / (bound + 2^-100 |y|): <= 1 when every element lies
 // within its proven forward error bound (proofs/error_bounds.md); the 2^-100 |y| term is the
 // reference's own error (it agrees with its 2P run on more than 100 bits).
-double bound_ratio(const Tensor& x, const Tensor& y, const Tensor& bound, const std::vector<bool>& mask);
-
-// Positions that carry meaning: alpha_k rows at t >= T_b are unspecified (SPEC §1.4); every
-// other tensor is valid everywhere. Empty result = all valid.
-std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
+double bound_ratio(const Tensor& x, const Tensor& y, const Tensor& bound,
+                   const std::vector<bool>& mask);
 
 // x against the reference y. x_lo / y_lo (optional, same shape) carry double-double remainders
 // of multiprecision results so that two references can be compared to ~106 bits. ulp_dtype is

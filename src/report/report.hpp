@@ -1,32 +1,26 @@
-// `qkmla report`: every implementation in every requested profile, measured against ref.explicit
-// on the same bits, with the reference's own accuracy measured at two precisions (SPEC §4, §5).
+// `qkmla report`: every registered implementation in every requested profile, judged against the
+// truth on the same bits, with the reference's own accuracy measured at two precisions (SPEC §4,
+// §5).
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
-#include "metrics/compare.hpp"
+#include "render/rows.hpp"
 
 namespace qkmla {
 
 struct ReportOptions {
-  MlaConfig cfg;                   // dims, scenario, seed; profile is overridden per profile
-  std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
-  int ref_bits = 113;              // P
-  int check_bits = 0;              // the check run's precision; 0: P + 64 (its own error is then
-                                   // 2^-64 of the P run's, so the agreement it measures is the P run's)
+  MlaConfig cfg;  // dims, scenario, seed; profile is overridden per profile
+  std::vector<Profile> profiles{Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16,
+                                Profile::FP8};
+  int ref_bits = 113;  // P
+  int check_bits = 0;  // 0: P + 64
   int threads = 2;
-  bool gpu_model = true;           // gpu.model.* rows (the kernels' CPU model) in the GPU profiles
-  bool gpu_device = true;          // gpu.absorbed.* / gpu.explicit.* rows when a CUDA device exists
+  bool gpu_model = true;   // gpu.model.* rows (the kernels' CPU model) in the GPU profiles
+  bool gpu_device = true;  // gpu.absorbed.* / gpu.explicit.* rows when a CUDA device exists
   std::function<void(const std::string&)> progress;  // may be empty
-};
-
-struct ReportRow {
-  std::string impl, profile, tensor;
-  Metrics m;
-  double baseline_ratio = 0;  // NaN when the profile has no baseline for this tensor
-  double seconds = 0;
 };
 
 struct ProfileReference {
@@ -40,7 +34,7 @@ struct ProfileReference {
 struct Report {
   MlaConfig cfg;
   std::vector<ProfileReference> references;
-  std::vector<ReportRow> rows;
+  std::vector<Row> rows;           // judged (harness/judge.hpp), grouped by profile
   std::vector<std::string> notes;  // e.g. "no CUDA device: GPU rows skipped", kernel-vs-model bits
   double total_seconds = 0;
   bool reference_ok() const;

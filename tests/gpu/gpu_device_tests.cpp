@@ -9,9 +9,9 @@
 #include <string>
 
 #define DOCTEST_CONFIG_DISABLE  // helpers.hpp only; this runner is not a doctest binary
+#include "gpu/qkmla_gpu.hpp"
 #include "helpers.hpp"
 #include "impl/gpu_impl.hpp"
-#include "qkmla_gpu.hpp"
 
 using namespace qkmla;
 

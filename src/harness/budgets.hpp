@@ -8,14 +8,14 @@
 namespace qkmla {
 
 struct Budget {
-  std::string impl;     // implementation id pattern: exact, or a prefix ending in '*'
-  std::string preset;   // preset name or "*"
-  std::string scenario; // scenario name or "*"
-  std::string profile;  // profile name or "*"
-  std::string tensor;   // tensor name or "*"
-  std::string metric;   // max_abs | max_ulp | rel_l2 | cos_diff | baseline_ratio
+  std::string impl;      // implementation id pattern: exact, or a prefix ending in '*'
+  std::string preset;    // preset name or "*"
+  std::string scenario;  // scenario name or "*"
+  std::string profile;   // profile name or "*"
+  std::string tensor;    // tensor name or "*"
+  std::string metric;    // max_abs | max_ulp | rel_l2 | cos_diff | baseline_ratio
   double max = 0;
-  std::string source;   // a proof step in proofs/, SPEC section, or a measured baseline + commit
+  std::string source;  // a proof step in proofs/, SPEC section, or a measured baseline + commit
 };
 
 struct GateRule {

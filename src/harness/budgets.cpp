@@ -1,11 +1,12 @@
-#include "gate/budgets.hpp"
+#include "harness/budgets.hpp"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include <cmath>
 #include <fstream>
-#include <toml++/toml.h>
 
+#include "harness/impl_id.hpp"
 #include "io/safetensors.hpp"
 
 namespace qkmla {
@@ -18,7 +19,7 @@ GateRule default_rule() {
 
 const std::string& default_budget_text() {
   static const std::string text =
-#include "gate/budgets_toml.inc"
+#include "harness/budgets_toml.inc"
       ;
   return text;
 }
@@ -27,7 +28,19 @@ namespace {
 
 bool matches(const std::string& pattern, const std::string& value) {
   if (pattern == "*" || pattern == value) return true;
-  return !pattern.empty() && pattern.back() == '*' && value.rfind(pattern.substr(0, pattern.size() - 1), 0) == 0;
+  return !pattern.empty() && pattern.back() == '*' &&
+         value.rfind(pattern.substr(0, pattern.size() - 1), 0) == 0;
+}
+
+// Implementation patterns match structured ids (harness/impl_id.hpp); a subject that is no
+// parseable id (a free label) matches only "*" or an equal string.
+bool impl_matches(const std::string& pattern, const std::string& impl) {
+  if (pattern == "*" || pattern == impl) return true;
+  try {
+    return id_matches(pattern, parse_impl_id(impl));
+  } catch (const ConfigError&) {
+    return false;
+  }
 }
 
 double metric_value(const Metrics& m, const std::string& name, double baseline_ratio) {
@@ -41,7 +54,8 @@ double metric_value(const Metrics& m, const std::string& name, double baseline_r
 }
 
 bool known_metric(const std::string& name) {
-  for (const char* n : {"max_abs", "max_ulp", "rel_l2", "cos_diff", "baseline_ratio", "bound_ratio"})
+  for (const char* n :
+       {"max_abs", "max_ulp", "rel_l2", "cos_diff", "baseline_ratio", "bound_ratio"})
     if (name == n) return true;
   return false;
 }
@@ -60,7 +74,8 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
   }
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
-    if (k != "baseline_k" && k != "budget") throw InputError(path, k, "unknown key (expected baseline_k or [[budget]])");
+    if (k != "baseline_k" && k != "budget")
+      throw InputError(path, k, "unknown key (expected baseline_k or [[budget]])");
   }
   apply_budget_text(rule, text, path);
 }
@@ -78,14 +93,16 @@ void apply_budget_text(GateRule& rule, const std::string& text, const std::strin
     rule.baseline_k = *v;
   }
   const toml::array* arr = t["budget"].as_array();
-  if (!arr && t.contains("budget")) throw InputError(path, "budget", "must be an array of tables ([[budget]])");
+  if (!arr && t.contains("budget"))
+    throw InputError(path, "budget", "must be an array of tables ([[budget]])");
   for (size_t i = 0; arr && i < arr->size(); ++i) {
     const toml::table* b = (*arr)[i].as_table();
     const std::string where = fmt::format("budget[{}]", i);
     if (!b) throw InputError(path, where, "must be a table");
     for (const auto& [key, node] : *b) {
       const std::string k(key.str());
-      if (k != "impl" && k != "preset" && k != "scenario" && k != "profile" && k != "tensor" && k != "metric" && k != "max" && k != "source")
+      if (k != "impl" && k != "preset" && k != "scenario" && k != "profile" && k != "tensor" &&
+          k != "metric" && k != "max" && k != "source")
         throw InputError(path, where + "." + k, "unknown key");
     }
     Budget bud;
@@ -98,9 +115,12 @@ void apply_budget_text(GateRule& rule, const std::string& text, const std::strin
     const auto max = (*b)["max"].value<double>();
     bud.source = (*b)["source"].value_or(std::string(""));
     if (!known_metric(bud.metric))
-      throw InputError(path, where + ".metric", "must be max_abs, max_ulp, rel_l2, cos_diff, baseline_ratio or bound_ratio");
+      throw InputError(path, where + ".metric",
+                       "must be max_abs, max_ulp, rel_l2, cos_diff, baseline_ratio or bound_ratio");
     if (!max || !(*max >= 0)) throw InputError(path, where + ".max", "must be a number >= 0");
-    if (bud.source.empty()) throw InputError(path, where + ".source", "every budget needs a source (a proof step or a measured baseline)");
+    if (bud.source.empty())
+      throw InputError(path, where + ".source",
+                       "every budget needs a source (a proof step or a measured baseline)");
     bud.max = *max;
     bool replaced = false;
     for (Budget& old : rule.budgets)
@@ -118,7 +138,8 @@ Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double b
     if (v.first_metric.empty()) v.first_metric = metric;
     v.failed.push_back(what);
   };
-  if (m.nonfinite_mismatch != 0) fail("nonfinite_mismatch", fmt::format("nonfinite_mismatch={}", m.nonfinite_mismatch));
+  if (m.nonfinite_mismatch != 0)
+    fail("nonfinite_mismatch", fmt::format("nonfinite_mismatch={}", m.nonfinite_mismatch));
   for (double x : {m.max_abs, m.max_ulp, m.rel_l2, m.cos_diff})
     if (std::isnan(x)) {
       fail("nan", "a metric is NaN");
@@ -128,20 +149,26 @@ Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double b
   std::string k_source = "SPEC §6";
   std::vector<const Budget*> matching;
   for (const Budget& b : rule.budgets) {
-    if (!matches(b.impl, s.impl) || !matches(b.preset, s.preset) || !matches(b.scenario, s.scenario) ||
-        !matches(b.profile, s.profile) || !matches(b.tensor, s.tensor))
+    if (!impl_matches(b.impl, s.impl) || !matches(b.preset, s.preset) ||
+        !matches(b.scenario, s.scenario) || !matches(b.profile, s.profile) ||
+        !matches(b.tensor, s.tensor))
       continue;
-    if (b.metric == "baseline_ratio") k = b.max, k_source = b.source;
-    else matching.push_back(&b);
+    if (b.metric == "baseline_ratio")
+      k = b.max, k_source = b.source;
+    else
+      matching.push_back(&b);
   }
   // A tensor without a baseline (latent_out: cpu.explicit never forms it) has NaN here and is
   // judged by the other rules only.
   if (!std::isnan(baseline_ratio) && !(baseline_ratio <= k))
-    fail("baseline_ratio", fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, k_source));
+    fail("baseline_ratio",
+         fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, k_source));
   for (const Budget* b : matching) {
-    if (b->metric == "bound_ratio" && std::isnan(m.bound_ratio)) continue;  // no bound for this implementation
+    if (b->metric == "bound_ratio" && std::isnan(m.bound_ratio))
+      continue;  // no bound for this implementation
     const double x = metric_value(m, b->metric, baseline_ratio);
-    if (!(x <= b->max)) fail(b->metric, fmt::format("{}={:.3g}>{:.3g} ({})", b->metric, x, b->max, b->source));
+    if (!(x <= b->max))
+      fail(b->metric, fmt::format("{}={:.3g}>{:.3g} ({})", b->metric, x, b->max, b->source));
   }
   return v;
 }

@@ -1,0 +1,114 @@
+// The one mechanism by which a bug is injected into an implementation: a Perturbation is data
+// (which step deviates from SPEC §1 and how), and the hooks below are the only places where the
+// absorbed implementations (reference/ref_absorbed, src/impl/cpu_absorbed) and the exact
+// certifier (reference/certify) consult it. The default-constructed Perturbation is the correct
+// path, so the correct code reads as the paper. The shipped mutants of SPEC §7 are named
+// Perturbations (src/impl/mutants.cpp): the gate runs them, certify refutes the same objects.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/attention_math.hpp"
+#include "core/config.hpp"
+
+namespace qkmla {
+
+enum class EpsPlacement { Inside, OutsideSqrt, Dropped };
+
+struct Perturbation {
+  int gamma_k_power = 1;  // gamma_ck applied this many times in q_latent (0, 1, 2)
+  EpsPlacement eps = EpsPlacement::Inside;  // where eps sits in the RMS statistic
+  bool key_stat_from_latent = false;     // alpha_k from the RMS of c[t] (width r), not of the key
+  bool key_stat_lowp = false;            // key sum of squares with bf16 partial sums
+  bool joint_stat_in_blockwise = false;  // the unified statistic in a blockwise config
+  int alpha_k_shift = 0;                 // token t scaled by alpha_k[max(t + shift, 0)]
+  bool group_mod = false;                // g(h) = h % G
+  bool scale_dc_only = false;            // sigma = 1 / sqrt(d_c)
+  bool drop_alpha_q = false;             // alpha_q never applied
+  bool score_lowp = false;               // q_latent . c with bf16 partial sums
+  int causal_extra = 0;                  // a causal query also sees pos(i) + causal_extra
+  bool swap_rope_order = false;          // the rope order the config does not say
+  bool lse_base2 = false;                // lse reported in base 2
+
+  bool is_none() const { return *this == Perturbation{}; }
+  // Differs from the correct path only in how sums are rounded: identical in exact arithmetic.
+  bool rounding_only() const {
+    Perturbation p = *this;
+    p.key_stat_lowp = p.score_lowp = false;
+    return !is_none() && p.is_none();
+  }
+  bool operator==(const Perturbation& o) const {
+    return gamma_k_power == o.gamma_k_power && eps == o.eps &&
+           key_stat_from_latent == o.key_stat_from_latent && key_stat_lowp == o.key_stat_lowp &&
+           joint_stat_in_blockwise == o.joint_stat_in_blockwise &&
+           alpha_k_shift == o.alpha_k_shift && group_mod == o.group_mod &&
+           scale_dc_only == o.scale_dc_only && drop_alpha_q == o.drop_alpha_q &&
+           score_lowp == o.score_lowp && causal_extra == o.causal_extra &&
+           swap_rope_order == o.swap_rope_order && lse_base2 == o.lse_base2;
+  }
+};
+
+namespace hook {
+
+// g(h): h / (H/G) (SPEC §1), or h % G.
+inline int group_of(const Perturbation& p, const MlaConfig& c, int h) {
+  return p.group_mod ? h % c.groups : c.group_of(h);
+}
+
+inline bool norm_then_rope(const Perturbation& p, const MlaConfig& c) {
+  return (c.rope_order == RopeOrder::NormThenRope) != p.swap_rope_order;
+}
+
+// The softmax scale as a double (each arithmetic converts it to its own type).
+inline double softmax_scale(const Perturbation& p, const MlaConfig& c) {
+  return p.scale_dc_only ? 1.0 / std::sqrt(double(c.d_c)) : c.softmax_scale;
+}
+
+inline bool visible(const Perturbation& p, const MlaConfig& c, int64_t T_b, int i, int64_t t) {
+  return token_visible(c.causal, T_b, c.s_q, i, t, p.causal_extra);
+}
+
+// The cached token whose alpha_k scales token t's score.
+inline int64_t alpha_k_token(const Perturbation& p, int64_t t) {
+  const int64_t s = t + p.alpha_k_shift;
+  return s < 0 ? 0 : s;
+}
+
+// Does the key statistic include the rope key's share (unified, or the joint-norm bug)?
+inline bool joint_key_stat(const Perturbation& p, const MlaConfig& c) {
+  return c.norm == NormMode::Unified || p.joint_stat_in_blockwise;
+}
+
+// E.2: the inverse RMS statistic 1 / sqrt(ss / n + eps) from a sum of squares over n entries,
+// or the eps bug's form. Unqualified sqrt: every arithmetic brings its own.
+template <class T>
+T inv_rms(const Perturbation& p, const T& ss, int n, const T& eps) {
+  using std::sqrt;
+  if (p.eps == EpsPlacement::OutsideSqrt) return T(T(1) / (sqrt(T(ss / T(n))) + eps));
+  if (p.eps == EpsPlacement::Dropped) return T(T(1) / sqrt(T(ss / T(n))));
+  return T(T(1) / sqrt(T(ss / T(n)) + eps));
+}
+
+// gamma_ck as it enters q_latent: gamma, 1 (not absorbed) or gamma^2 (applied twice).
+template <class T>
+T gain_k(const Perturbation& p, const T& gamma) {
+  if (p.gamma_k_power == 0) return T(1);
+  if (p.gamma_k_power == 2) return T(gamma * gamma);
+  return gamma;
+}
+
+// What multiplies alpha_k after the latent dot: alpha_q, or 1 when the bug drops it.
+template <class T>
+T alpha_q_applied(const Perturbation& p, const T& alpha_q) {
+  return p.drop_alpha_q ? T(1) : alpha_q;
+}
+
+// The lse an implementation reports: natural log, or divided by ln 2 (ln2 in the caller's type).
+template <class T>
+T lse_out(const Perturbation& p, const T& lse, const T& ln2) {
+  return p.lse_base2 ? T(lse / ln2) : lse;
+}
+
+}  // namespace hook
+
+}  // namespace qkmla

@@ -1,0 +1,44 @@
+// The truth, computed once for every command (SPEC §4): ref.explicit at P bits (ref.kernel for a
+// kernel-level case), optionally ref.absorbed at P, and the check run at P + 64 bits on the same
+// exact products; the bits on which the two runs agree, and the refusal rule (fewer than stored
+// precision + 20 bits: the reference is not accurate enough to judge anything).
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/outputs.hpp"
+#include "reference/reference.hpp"
+
+namespace qkmla {
+
+struct TruthOptions {
+  int bits = 113;           // P (MPFR rounds up to a whole number of limbs' worth: 114)
+  int check_bits = 0;       // 0: P + 64, so the check's own error is 2^-64 of the P run's
+  bool absorbed = false;    // also ref.absorbed at P (the equivalence row; latent_out's truth)
+  bool latent_out = false;  // ref.explicit also forms latent_out (its own truth, then)
+  int threads = 2;
+};
+
+struct Truth {
+  Outputs explicit_p;  // ref.explicit (or ref.kernel) at P
+  Outputs absorbed_p;  // ref.absorbed at P, when asked
+  Outputs check;       // ref.explicit (or ref.kernel) at the check precision
+  ref::Dots dots;      // the exact products (module level)
+  int bits = 0, check_bits = 0;
+  double agreeing_bits = 0;  // explicit_p vs check
+  double required_bits = 0;  // stored-dtype precision + 20
+  bool ok() const { return agreeing_bits >= required_bits; }
+  // The truth of one output tensor: ref.explicit's, or ref.absorbed's where the explicit form does
+  // not form it (latent_out, q_latent). Null when neither has it.
+  const Outputs* of(const std::string& tensor) const;
+};
+
+// The truths of many cases, in three phases: exact products (with `extra` tasks beside them, so a
+// caller's CPU work shares the threads), everything at P, everything at the check precision (Boost
+// keeps one global default precision, so each precision is one phase).
+std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
+                                  const std::vector<std::function<void()>>& extra = {});
+Truth compute_truth(const Case& k, const TruthOptions& o);
+
+}  // namespace qkmla

@@ -1,0 +1,142 @@
+// The two stages of the absorbed form in a precision profile (SPEC §1.2, §3): the append step that
+// builds a sequence's latent cache (A.3) and the query step (A.1-A.2). Shared by cpu.absorbed.*
+// (cpu_absorbed.cpp) and the kernel-level case, whose inputs are exactly these stages' outputs
+// (kernel_level.cpp). Every deviation from the paper goes through a Perturbation hook.
+#pragma once
+#include <limits>
+
+#include "core/variant.hpp"
+#include "impl/attention_core.hpp"
+#include "impl/norm_stage.hpp"
+
+namespace qkmla::impl {
+
+// A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only.
+template <class Acc>
+LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps,
+                             const Perturbation& p) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile);
+  const Tensor& kpe = k.get("k_pe");
+  const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
+  const int64_t T = cf.seqlens[size_t(b)];
+  const bool none = cf.norm == NormMode::None, unified = cf.norm == NormMode::Unified;
+  const bool ntr = hook::norm_then_rope(p, cf), joint = hook::joint_key_stat(p, cf);
+  const std::vector<Acc> gk =
+      none ? std::vector<Acc>{} : to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
+  LatentCache<Acc> lc;
+  lc.c = latent_rows<Acc>(k, b, T);
+  std::vector<Acc> keys;  // [T, G*d_c]: used for their statistics, then discarded
+  if (!none) {
+    keys.resize(size_t(T * G * dc));
+    rows_mat(lc.c.data(), T, r, wk.data(), G * dc, G * dc, keys.data());
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
+                       kpe.data.begin() + kpe.index({b, t, 0}) + dr);
+    if (none) {  // plain MLA: the rotated raw rope key, alpha_k = 1
+      rotate(z.data(), k, t);
+      lc.alpha_k.insert(lc.alpha_k.end(), size_t(G), Acc(1));
+    } else {
+      if (unified && !ntr) rotate(z.data(), k, t);
+      const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
+      for (int g = 0; g < G; ++g) {
+        const Acc* kg = &keys[size_t(t * G * dc + g * dc)];
+        Acc ss = dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
+        int n = dc;
+        if (p.key_stat_from_latent) ss = sum_sq(lc.c.data() + t * r, r), n = r;
+        if (joint) ss += rope_ss, n += dr;
+        lc.alpha_k.push_back(hook::inv_rms(p, ss, n, eps));
+      }
+      if (unified) {
+        scale_gain(z.data(), dr, gk.data() + dc, Acc(1));
+        if (ntr) rotate(z.data(), k, t);
+      } else {
+        blockwise_rope(z.data(), gk.data(), t, k, eps, p);
+      }
+    }
+    for (Acc x : z) lc.rope.push_back(store(D, x));
+  }
+  return lc;
+}
+
+// The query statistic and the rope part of one row (A.2, U.1); w [d_c] is the raw content query.
+template <class Acc>
+void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
+                const std::vector<Acc>& w, LatentQuery<Acc>& q) {
+  const MlaConfig& cf = k.cfg;
+  const int dc = cf.d_c, dr = cf.d_r;
+  const bool ntr = hook::norm_then_rope(p, cf);
+  if (cf.norm == NormMode::None) {
+    q.alpha_q = Acc(1);
+    if (pos >= 0) rotate(q.rope.data(), k, pos);
+  } else if (cf.norm == NormMode::Unified) {
+    const std::vector<Acc> gq = to_acc<Acc>(k.get("gamma_q"));
+    if (!ntr && pos < 0) {
+      q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();  // the statistic needs a position
+      return;
+    }
+    if (!ntr) rotate(q.rope.data(), k, pos);
+    q.alpha_q = hook::inv_rms(p, sum_sq(w.data(), dc) + sum_sq(q.rope.data(), dr), dc + dr, eps);
+    scale_gain(q.rope.data(), dr, gq.data() + dc, Acc(1));
+    if (ntr && pos >= 0) rotate(q.rope.data(), k, pos);
+  } else {
+    Acc ss = sum_sq(w.data(), dc);
+    int n = dc;
+    if (p.joint_stat_in_blockwise) ss += sum_sq(q.rope.data(), dr), n += dr;
+    q.alpha_q = hook::inv_rms(p, ss, n, eps);
+    if (pos >= 0)
+      blockwise_rope(q.rope.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps, p);
+  }
+}
+
+// A.1-A.2 for row (b, i, h): q_latent [r] = w . WK_g^T with w per variant, the rope part, alpha_q.
+// `wk_merged` is WK with both content gains merged in (the gamma_merged variant only).
+template <class Acc>
+LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, const Perturbation& p,
+                              const std::vector<Acc>& wk, const std::vector<Acc>& wk_merged,
+                              Acc eps) {
+  const MlaConfig& cf = k.cfg;
+  const DType D = stored_dtype(cf.profile);
+  const Tensor& qn = k.get("q_nope");
+  const Tensor& qp = k.get("q_pe");
+  const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
+  const int g = hook::group_of(p, cf, h);
+  const bool none = cf.norm == NormMode::None, unified = cf.norm == NormMode::Unified;
+  LatentQuery<Acc> q;
+  std::vector<Acc> w(qn.data.begin() + qn.index({b, i, h, 0}),
+                     qn.data.begin() + qn.index({b, i, h, 0}) + dc);
+  q.rope.assign(qp.data.begin() + qp.index({b, i, h, 0}),
+                qp.data.begin() + qp.index({b, i, h, 0}) + dr);
+  query_norm(k, k.pos(b, i), p, eps, w, q);
+  const std::vector<Acc>* W = &wk;
+  if (!none) {
+    const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));
+    const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_ck"));
+    if (v == Variant::GammaMerged) {
+      W = &wk_merged;
+    } else if (v == Variant::QNormedFirst) {
+      scale_gain(w.data(), dc, gq.data(), q.alpha_q);
+      scale_gain(w.data(), dc, gk.data(), Acc(1));
+    } else {
+      for (int j = 0; j < dc; ++j)
+        w[size_t(j)] = (w[size_t(j)] * gq[size_t(j)]) * hook::gain_k(p, gk[size_t(j)]);
+    }
+  }
+  q.q_latent.resize(size_t(r));
+  for (int l = 0; l < r; ++l)
+    q.q_latent[size_t(l)] = dot(w.data(), W->data() + int64_t(l) * G * dc + g * dc, dc);
+  // Folded and normalized-first queries carry alpha_q themselves; in unified mode alpha_q scales
+  // the whole score, so the query rope part carries it as well.
+  const bool folded = v == Variant::AlphaQFolded, carries = folded || v == Variant::QNormedFirst;
+  q.row_scale = carries ? Acc(1) : hook::alpha_q_applied(p, q.alpha_q);
+  if (folded)
+    for (Acc& x : q.q_latent) x *= q.alpha_q;
+  if (carries && unified)
+    for (Acc& x : q.rope) x *= q.alpha_q;
+  for (Acc& x : q.q_latent) x = store(D, x);
+  for (Acc& x : q.rope) x = store(D, x);
+  return q;
+}
+
+}  // namespace qkmla::impl

@@ -1,0 +1,96 @@
+#include "render/table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace qkmla {
+
+std::string num(double v) {
+  if (std::isnan(v)) return "-";
+  if (v == 0) return "0";
+  return fmt::format("{:.3g}", v);
+}
+
+namespace {
+
+std::string section_at(const Table& t, size_t row) {
+  for (const auto& [at, title] : t.sections)
+    if (at == row) return title;
+  return "";
+}
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  for (char c : s) o += c == '|' ? std::string("\\|") : std::string(1, c);
+  return o;
+}
+
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+}  // namespace
+
+std::string to_text(const Table& t) {
+  std::vector<size_t> w(t.header.size(), 0);
+  for (size_t c = 0; c < t.header.size(); ++c) w[c] = t.header[c].size();
+  for (const auto& row : t.rows)
+    for (size_t c = 0; c < row.size() && c < w.size(); ++c) w[c] = std::max(w[c], row[c].size());
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t c = 0; c < w.size(); ++c) {
+      const std::string cell = c < cells.size() ? cells[c] : "";
+      const bool right = c < t.numeric.size() && t.numeric[c];
+      const bool last = c + 1 == w.size();
+      s += (c ? "  " : "") + (right  ? fmt::format("{:>{}}", cell, w[c])
+                              : last ? cell
+                                     : fmt::format("{:<{}}", cell, w[c]));
+    }
+    return s + "\n";
+  };
+  std::string s = line(t.header);
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    const std::string title = section_at(t, r);
+    if (!title.empty()) s += "-- " + title + " --\n";
+    s += line(t.rows[r]);
+  }
+  return s;
+}
+
+std::string to_markdown(const Table& t, const std::string& section_prefix) {
+  auto head = [&] {
+    std::string s = "|";
+    for (const std::string& h : t.header) s += " " + md_cell(h) + " |";
+    s += "\n|";
+    for (size_t c = 0; c < t.header.size(); ++c)
+      s += c < t.numeric.size() && t.numeric[c] ? "---:|" : "---|";
+    return s + "\n";
+  };
+  std::string s = t.sections.empty() || t.sections.front().first != 0 ? head() : "";
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    const std::string title = section_at(t, r);
+    if (!title.empty()) s += (r ? "\n" : "") + section_prefix + title + "\n\n" + head();
+    s += "|";
+    for (const std::string& cell : t.rows[r]) s += " " + md_cell(cell) + " |";
+    s += "\n";
+  }
+  return s;
+}
+
+std::string to_csv(const Table& t) {
+  auto line = [](const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t c = 0; c < cells.size(); ++c) s += (c ? "," : "") + csv_cell(cells[c]);
+    return s + "\n";
+  };
+  std::string s = line(t.header);
+  for (const auto& row : t.rows) s += line(row);
+  return s;
+}
+
+}  // namespace qkmla

@@ -1,0 +1,24 @@
+// The printers every command uses: one neutral table (header, rows of cells, optional sections)
+// rendered as aligned text for people, Markdown for CI pages and reports/, CSV for machines.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace qkmla {
+
+struct Table {
+  std::vector<std::string> header;
+  std::vector<bool> numeric;  // per column: right-aligned in text (default: left)
+  std::vector<std::vector<std::string>> rows;
+  // Section titles before the row of the given index (e.g. one per profile).
+  std::vector<std::pair<size_t, std::string>> sections;
+};
+
+std::string to_text(const Table& t);
+std::string to_markdown(const Table& t, const std::string& section_prefix = "## ");
+std::string to_csv(const Table& t);
+
+// Numbers for people: 3 significant digits, "-" for NaN, "0" for zero.
+std::string num(double v);
+
+}  // namespace qkmla
