@@ -1,13 +1,36 @@
 #include "cli/case_flags.hpp"
 
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
 #include "core/generator.hpp"
 #include "core/presets.hpp"
+#include "io/safetensors.hpp"
 
 namespace qkmla::cli {
 
 void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
+  f.app = &app;
   app.add_option("--preset", f.preset, "model shape (qkmla presets lists them)")
       ->capture_default_str();
+  app.add_option("--config", f.config_file,
+                 "a config file (JSON or TOML, SPEC §9 keys; flags given override it)");
+  app.add_option("--heads", f.heads, "query heads H (overrides the preset)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--groups", f.groups, "key groups G, H % G == 0 (overrides the preset)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--latent-rank", f.latent_rank, "latent rank r (overrides the preset)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--d-c", f.d_c, "content head dim d_c (overrides the preset)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--d-r", f.d_r, "rope head dim d_r, even; 0 = NoPE (overrides the preset)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--d-v", f.d_v, "value head dim d_v (overrides the preset)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch", f.batch, "sequences in the batch (each of --seqlen tokens)")
       ->check(CLI::PositiveNumber);
   auto* one =
@@ -21,8 +44,8 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--sq", f.sq, "query tokens per sequence (1 = decode)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--norm", f.norm, "blockwise|unified")
-      ->check(CLI::IsMember({"blockwise", "unified"}))
+  app.add_option("--norm", f.norm, "blockwise|unified|none (none: plain MLA, no QK-norm)")
+      ->check(CLI::IsMember({"blockwise", "unified", "none"}))
       ->capture_default_str();
   app.add_option("--rope-order", f.rope_order, "norm_then_rope|rope_then_norm")
       ->check(CLI::IsMember({"norm_then_rope", "rope_then_norm"}))
@@ -43,32 +66,112 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
       ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
 }
 
+std::string config_file_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path, "file", "cannot be opened");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (path.size() < 5 || path.compare(path.size() - 5, 5, ".toml") != 0) return text;
+  try {
+    std::ostringstream json;
+    json << toml::json_formatter{toml::parse(text, path)};
+    return json.str();
+  } catch (const toml::parse_error& e) {
+    throw InputError(path, "toml", std::string(e.description()));
+  }
+}
+
+namespace {
+
+// Applies a --config file; returns the keys it set.
+std::set<std::string> apply_file(MlaConfig& c, const std::string& path) {
+  const std::string text = config_file_json(path);
+  std::set<std::string> keys;
+  try {
+    apply_config_json(c, text);
+    for (const auto& [key, v] : nlohmann::json::parse(text).items()) keys.insert(key);
+  } catch (const ConfigError& e) {
+    throw InputError(path, e.field, e.what());
+  }
+  return keys;
+}
+
+}  // namespace
+
 MlaConfig build_config(const CaseFlags& f, int default_seqlen) {
+  auto given = [&](const char* flag) { return f.app && f.app->count(flag) > 0; };
   MlaConfig c = config_for(find_preset(f.preset), f.seqlen.value_or(default_seqlen));
+  const std::set<std::string> file =
+      f.config_file.empty() ? std::set<std::string>{} : apply_file(c, f.config_file);
+  const bool file_scale = file.count("softmax_scale") > 0;
+  for (auto [flag, value, field] :
+       {std::tuple{"--heads", f.heads, &c.heads}, std::tuple{"--groups", f.groups, &c.groups},
+        std::tuple{"--latent-rank", f.latent_rank, &c.latent_rank},
+        std::tuple{"--d-c", f.d_c, &c.d_c}, std::tuple{"--d-r", f.d_r, &c.d_r},
+        std::tuple{"--d-v", f.d_v, &c.d_v}})
+    if (value) *field = *value;
   if (!f.seqlens.empty()) {
     if (f.batch && *f.batch != int(f.seqlens.size()))
       throw ConfigError("batch", "--batch " + std::to_string(*f.batch) + " disagrees with the " +
                                      std::to_string(f.seqlens.size()) + " entries of --seqlens");
     c.seqlens = f.seqlens;
-  } else {
-    c.seqlens.assign(size_t(f.batch.value_or(1)), f.seqlen.value_or(default_seqlen));
+  } else if (f.batch || f.seqlen || f.config_file.empty()) {
+    const int t = f.seqlen.value_or(c.seqlens.empty() ? default_seqlen : c.seqlens[0]);
+    c.seqlens.assign(size_t(f.batch.value_or(f.config_file.empty() ? 1 : int(c.seqlens.size()))),
+                     t);
   }
   c.batch = int(c.seqlens.size());
-  c.s_q = f.sq;
-  c.norm = parse_norm(f.norm);
-  c.rope_order = parse_rope_order(f.rope_order);
-  c.rope_style = parse_rope_style(f.rope_style);
+  if (given("--sq") || f.config_file.empty()) c.s_q = f.sq;
+  if (given("--norm") || f.config_file.empty()) c.norm = parse_norm(f.norm);
+  if (given("--rope-order") || f.config_file.empty()) c.rope_order = parse_rope_order(f.rope_order);
+  if (given("--rope-style") || f.config_file.empty()) c.rope_style = parse_rope_style(f.rope_style);
   if (f.eps) c.eps = *f.eps;
-  c.softmax_scale = f.softmax_scale.value_or(0.0);
-  c.set_default_scale();
-  c.causal = f.causal;
-  c.scenario = f.scenario;
-  c.seed = f.seed;
+  if (given("--causal") || given("--no-causal") || f.config_file.empty()) c.causal = f.causal;
+  if (given("--scenario") || f.config_file.empty()) c.scenario = f.scenario;
+  if (given("--seed") || f.config_file.empty()) c.seed = f.seed;
+  if (given("--preset")) c.preset = f.preset;
+  // The scale: the flag, else the file's, else the default of the final dims.
+  if (f.softmax_scale)
+    c.softmax_scale = *f.softmax_scale;
+  else if (!file_scale)
+    c.softmax_scale = 0.0, c.set_default_scale();
   c.validate();
   return c;
 }
 
+std::string given_overrides_json(const CaseFlags& f) {
+  auto given = [&](const char* flag) { return f.app && f.app->count(flag) > 0; };
+  nlohmann::json j = nlohmann::json::object();
+  if (!f.config_file.empty()) j = nlohmann::json::parse(config_file_json(f.config_file));
+  if (given("--preset")) {
+    const Preset& p = find_preset(f.preset);
+    j.update({{"heads", p.heads},
+              {"groups", p.groups},
+              {"latent_rank", p.latent_rank},
+              {"d_c", p.d_c},
+              {"d_r", p.d_r},
+              {"d_v", p.d_v}});
+  }
+  for (auto [key, v] : {std::pair{"heads", f.heads}, std::pair{"groups", f.groups},
+                        std::pair{"latent_rank", f.latent_rank}, std::pair{"d_c", f.d_c},
+                        std::pair{"d_r", f.d_r}, std::pair{"d_v", f.d_v}})
+    if (v) j[key] = *v;
+  if (!f.seqlens.empty()) j["seqlens"] = f.seqlens, j["batch"] = f.seqlens.size();
+  if (given("--sq")) j["s_q"] = f.sq;
+  if (given("--norm")) j["norm"] = f.norm;
+  if (given("--rope-order")) j["rope_order"] = f.rope_order;
+  if (given("--rope-style")) j["rope_style"] = f.rope_style;
+  if (f.eps) j["eps"] = *f.eps;
+  if (f.softmax_scale) j["softmax_scale"] = *f.softmax_scale;
+  if (given("--causal") || given("--no-causal")) j["causal"] = f.causal;
+  if (f.profiles.size() == 1) j["profile"] = f.profiles[0];
+  return j.dump();
+}
+
 std::vector<Profile> build_profiles(const CaseFlags& f, const std::vector<Profile>& defaults) {
+  if (f.profiles.empty() && !f.config_file.empty()) {  // the file's profile, if it names one
+    MlaConfig c;
+    if (apply_file(c, f.config_file).count("profile")) return {c.profile};
+  }
   if (f.profiles.empty()) return defaults;
   std::vector<Profile> out;
   for (const std::string& p : f.profiles) out.push_back(parse_profile(p));

@@ -11,6 +11,8 @@ namespace qkmla::cli {
 
 struct CaseFlags {
   std::string preset = "paper-decode";
+  std::string config_file;  // --config: JSON or TOML with SPEC §9 keys (a partial config)
+  std::optional<int> heads, groups, latent_rank, d_c, d_r, d_v;
   std::optional<int> batch;
   std::optional<int> seqlen;
   std::vector<int> seqlens;
@@ -21,11 +23,21 @@ struct CaseFlags {
   std::string scenario = "normal";
   uint64_t seed = 1;
   std::vector<std::string> profiles;  // --profile / --profiles
+  const CLI::App* app = nullptr;      // which flags were given (set by add_case_flags)
 };
 
 void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen);
-// Throws ConfigError naming the flag's field when the combination is invalid.
+// The preset's dims, then the --config file's keys, then every flag given on the command line.
+// Throws ConfigError naming the key when the combination is invalid, InputError for a bad file.
 MlaConfig build_config(const CaseFlags& f, int default_seqlen);
 std::vector<Profile> build_profiles(const CaseFlags& f, const std::vector<Profile>& defaults);
+
+// Only what was given (flags, --config file, --preset's dims), as a JSON object of SPEC §9 keys:
+// the overrides of a config read from elsewhere (golden --inputs).
+std::string given_overrides_json(const CaseFlags& f);
+
+// A --config file's keys as a JSON object text (TOML files are converted); InputError naming the
+// file when it cannot be read or parsed.
+std::string config_file_json(const std::string& path);
 
 }  // namespace qkmla::cli

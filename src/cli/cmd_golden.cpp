@@ -1,6 +1,7 @@
 // qkmla golden: a case file with the inputs rounded to a profile, the config, the fp64 reference
 // outputs and the same-profile baseline's error (so an audit applies SPEC §6 without recomputing).
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <memory>
@@ -9,6 +10,7 @@
 #include "cli/commands.hpp"
 #include "core/generator.hpp"
 #include "harness/golden.hpp"
+#include "harness/inputs.hpp"
 #include "io/case_io.hpp"
 
 namespace qkmla::cli {
@@ -17,9 +19,30 @@ namespace {
 
 struct GoldenFlags {
   CaseFlags c;
-  std::string level = "module", output;
+  std::string level = "module", output, inputs;
+  bool round_inputs = false;
   int ref_bits = 113;
 };
+
+// The module-level case: generated from the case flags, or the user's inputs (--inputs).
+Case module_case(const GoldenFlags& f, std::map<std::string, std::string>& metadata) {
+  if (!f.inputs.empty()) {
+    if (f.c.profiles.size() > 1) throw ConfigError("profile", "golden writes one profile");
+    if (f.c.seqlen || (f.c.app && f.c.app->count("--batch")))
+      throw ConfigError(
+          "seqlen", "--inputs: the sequence lengths come from the seqlens tensor (or --seqlens)");
+    InputsCase in = case_from_inputs({f.inputs, given_overrides_json(f.c), f.round_inputs});
+    metadata = in.metadata;
+    return std::move(in.k);
+  }
+  MlaConfig cfg = build_config(f.c, 64);
+  const std::vector<Profile> ps = build_profiles(f.c, {Profile::BF16});
+  if (ps.size() != 1)
+    throw ConfigError("profile",
+                      "golden writes one profile (got " + std::to_string(ps.size()) + ")");
+  cfg.profile = ps[0];
+  return generate_case(cfg);
+}
 
 }  // namespace
 
@@ -36,15 +59,21 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
       ->check(CLI::Range(64, 4096))
       ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "the .safetensors file to write")->required();
+  cmd->add_option("--inputs", f->inputs,
+                  "the inputs from a safetensors file (SPEC §2 names; config from its metadata, "
+                  "else from shapes and dtypes; "
+                  "case flags given override)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--round-inputs", f->round_inputs,
+                "with --inputs: round values the profile cannot store once (RNE) instead of "
+                "refusing them (recorded in the case)");
   return [f, command_line] {
-    MlaConfig cfg = build_config(f->c, 64);
-    const std::vector<Profile> ps = build_profiles(f->c, {Profile::BF16});
-    if (ps.size() != 1)
-      throw ConfigError("profile",
-                        "golden writes one profile (got " + std::to_string(ps.size()) + ")");
-    cfg.profile = ps[0];
-    const Golden g =
-        make_golden(generate_case(cfg), parse_level(f->level), f->ref_bits, command_line);
+    std::map<std::string, std::string> extra;
+    const Case k = module_case(*f, extra);
+    if (isatty(2))
+      std::cerr << "[qkmla] golden: reference at P and its check at P + 64, baseline\n";
+    Golden g = make_golden(k, parse_level(f->level), f->ref_bits, command_line);
+    g.metadata.insert(extra.begin(), extra.end());
     if (!g.truth.ok()) {
       std::cerr << fmt::format(
           "qkmla golden: refused: reference agrees on {:.1f} bits < {:.0f}; raise --ref-bits\n",
@@ -54,7 +83,7 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
     write_case(f->output, g.k, g.refs, g.metadata);
     std::cout << fmt::format(
         "wrote {} ({} level, profile {}, reference {} bits agreeing on {:.1f}; baseline {})\n",
-        f->output, f->level, to_string(cfg.profile), g.truth.bits, g.truth.agreeing_bits,
+        f->output, f->level, to_string(g.k.cfg.profile), g.truth.bits, g.truth.agreeing_bits,
         g.baseline_impl);
     return 0;
   };

@@ -101,6 +101,22 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
   return m;
 }
 
+void complete_nope(Case& k) {
+  const MlaConfig& c = k.cfg;
+  if (c.d_r != 0 || c.level != Level::Module || !k.has("kv_c") || k.get("kv_c").shape.size() != 3)
+    return;
+  const int64_t t_max = k.get("kv_c").shape[1];
+  const int64_t p_max =
+      k.has("rope_cos") && !k.get("rope_cos").shape.empty() ? k.get("rope_cos").shape[0] : t_max;
+  const DType d = k.has("q_nope") ? k.get("q_nope").dtype : stored_dtype(c.profile);
+  for (const auto& [name, shape] : expected_input_shapes(c, t_max, p_max)) {
+    const bool rope = name == "q_pe" || name == "k_pe" || name == "gamma_rq" ||
+                      name == "gamma_rk" || name == "rope_cos" || name == "rope_sin";
+    if (rope && !k.has(name))
+      k.tensors[name] = Tensor(name.rfind("rope_", 0) == 0 ? DType::F32 : d, shape);
+  }
+}
+
 void validate_case(const Case& k) {
   const MlaConfig& c = k.cfg;
   c.validate();

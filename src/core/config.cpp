@@ -1,9 +1,10 @@
 #include "core/config.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <nlohmann/json.hpp>
-#include <set>
 
 namespace qkmla {
 
@@ -133,7 +134,9 @@ std::string config_to_json(const MlaConfig& c) {
   return j.dump();
 }
 
-MlaConfig config_from_json(const std::string& text) {
+namespace {
+
+nlohmann::json parse_object(const std::string& text) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -141,54 +144,97 @@ MlaConfig config_from_json(const std::string& text) {
     throw ConfigError("qkmla.config", std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ConfigError("qkmla.config", "must be a JSON object");
-  static const std::set<std::string> known = {
-      "heads",  "groups",     "latent_rank", "d_c",    "d_r",           "d_v",
-      "batch",  "s_q",        "seqlens",     "eps",    "softmax_scale", "allow_zero_eps",
-      "norm",   "rope_order", "rope_style",  "causal", "profile",       "level",
-      "preset", "scenario",   "seed"};
-  for (const auto& [key, value] : j.items())
-    if (!known.count(key))
-      throw ConfigError(key, "unknown config key (a typo would change the math)");
+  return j;
+}
+
+// Typed reads: an integer key takes only an integer in range, a number key only a number, ...,
+// so a value is never silently truncated or converted.
+void read_int(const nlohmann::json& v, const std::string& key, int& out) {
+  if (!v.is_number_integer()) throw ConfigError(key, "must be an integer, got " + v.dump());
+  const auto x = v.get<int64_t>();
+  if (x < INT32_MIN || x > INT32_MAX) throw ConfigError(key, "out of range: " + v.dump());
+  out = int(x);
+}
+
+void read_key(MlaConfig& c, const std::string& key, const nlohmann::json& v) {
+  auto number = [&](double& out) {
+    if (!v.is_number()) throw ConfigError(key, "must be a number, got " + v.dump());
+    out = v.get<double>();
+  };
+  auto boolean = [&](bool& out) {
+    if (!v.is_boolean()) throw ConfigError(key, "must be true or false, got " + v.dump());
+    out = v.get<bool>();
+  };
+  auto text = [&]() {
+    if (!v.is_string()) throw ConfigError(key, "must be a string, got " + v.dump());
+    return v.get<std::string>();
+  };
+  if (key == "heads")
+    read_int(v, key, c.heads);
+  else if (key == "groups")
+    read_int(v, key, c.groups);
+  else if (key == "latent_rank")
+    read_int(v, key, c.latent_rank);
+  else if (key == "d_c")
+    read_int(v, key, c.d_c);
+  else if (key == "d_r")
+    read_int(v, key, c.d_r);
+  else if (key == "d_v")
+    read_int(v, key, c.d_v);
+  else if (key == "batch")
+    read_int(v, key, c.batch);
+  else if (key == "s_q")
+    read_int(v, key, c.s_q);
+  else if (key == "seqlens") {
+    if (!v.is_array()) throw ConfigError(key, "must be an array of integers, got " + v.dump());
+    c.seqlens.clear();
+    for (const auto& x : v) read_int(x, key, c.seqlens.emplace_back());
+  } else if (key == "eps")
+    number(c.eps);
+  else if (key == "softmax_scale")
+    number(c.softmax_scale);
+  else if (key == "allow_zero_eps")
+    boolean(c.allow_zero_eps);
+  else if (key == "causal")
+    boolean(c.causal);
+  else if (key == "preset")
+    c.preset = text();
+  else if (key == "scenario")
+    c.scenario = text();
+  else if (key == "seed") {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      throw ConfigError(key, "must be a non-negative integer, got " + v.dump());
+    c.seed = v.get<uint64_t>();
+  } else if (key == "norm")
+    c.norm = parse_norm(text());
+  else if (key == "rope_order")
+    c.rope_order = parse_rope_order(text());
+  else if (key == "rope_style")
+    c.rope_style = parse_rope_style(text());
+  else if (key == "profile")
+    c.profile = parse_profile(text());
+  else if (key == "level")
+    c.level = parse_level(text());
+  else
+    throw ConfigError(key, "unknown config key (a typo would change the math)");
+}
+
+}  // namespace
+
+void apply_config_json(MlaConfig& c, const std::string& text) {
+  const nlohmann::json j = parse_object(text);
+  for (const auto& [key, value] : j.items()) read_key(c, key, value);
+}
+
+MlaConfig config_from_json(const std::string& text) {
+  const nlohmann::json j = parse_object(text);
+  MlaConfig c;
+  for (const auto& [key, value] : j.items()) read_key(c, key, value);  // unknown keys, wrong types
   static const char* required[] = {
       "heads",   "groups", "latent_rank",   "d_c",  "d_r",        "d_v",        "batch", "s_q",
       "seqlens", "eps",    "softmax_scale", "norm", "rope_order", "rope_style", "causal"};
   for (const char* key : required)
     if (!j.contains(key)) throw ConfigError(key, "missing required config key");
-  MlaConfig c;
-  auto get = [&](const char* key, auto& out) {
-    if (!j.contains(key)) return;
-    try {
-      j.at(key).get_to(out);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(key, std::string("wrong type: ") + e.what());
-    }
-  };
-  auto get_enum = [&](const char* key, auto& out, auto parse) {
-    std::string s;
-    get(key, s);
-    if (j.contains(key)) out = parse(s);
-  };
-  get("heads", c.heads);
-  get("groups", c.groups);
-  get("latent_rank", c.latent_rank);
-  get("d_c", c.d_c);
-  get("d_r", c.d_r);
-  get("d_v", c.d_v);
-  get("batch", c.batch);
-  get("s_q", c.s_q);
-  get("seqlens", c.seqlens);
-  get("eps", c.eps);
-  get("softmax_scale", c.softmax_scale);
-  get("allow_zero_eps", c.allow_zero_eps);
-  get("causal", c.causal);
-  get("preset", c.preset);
-  get("scenario", c.scenario);
-  get("seed", c.seed);
-  get_enum("norm", c.norm, parse_norm);
-  get_enum("rope_order", c.rope_order, parse_rope_order);
-  get_enum("rope_style", c.rope_style, parse_rope_style);
-  get_enum("profile", c.profile, parse_profile);
-  get_enum("level", c.level, parse_level);
   c.validate();
   return c;
 }

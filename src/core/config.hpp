@@ -66,5 +66,8 @@ DType accumulate_dtype(Profile p);  // sums and scalars
 // and validates the result.
 std::string config_to_json(const MlaConfig& c);
 MlaConfig config_from_json(const std::string& text);
+// Sets the keys present in a JSON object (a partial config: e.g. a --config file), strictly typed;
+// ConfigError names an unknown key or a wrong type. Does not validate the result.
+void apply_config_json(MlaConfig& c, const std::string& json_object);
 
 }  // namespace qkmla

@@ -63,7 +63,10 @@ Case generate_case(const MlaConfig& cfg_in) {
   MlaConfig cfg = cfg_in;
   cfg.set_default_scale();
   cfg.validate();
-  const Draw draw = draw_for(cfg.scenario);
+  Draw draw = draw_for(cfg.scenario);
+  // Plain MLA has no gains to make logits large: its queries are scaled instead (logits ~ 10x).
+  if (cfg.norm == NormMode::None && draw.gain_mean != 1.0)
+    draw.q_scale = draw.gain_mean, draw.gain_mean = 1.0;
   const DType d = stored_dtype(cfg.profile);
   const int64_t t_max = cfg.max_seqlen() + kCachePadding, p_max = t_max + kCachePadding;
   Case k{cfg, {}, nullptr};

@@ -11,6 +11,11 @@ const std::vector<Preset>& presets() {
       {"deepseek-v3", 128, 128, 512, 128, 64, 128, ""},
       {"deepseek-v2-lite", 16, 16, 512, 128, 64, 128, ""},
       {"kimi-k2", 64, 64, 512, 128, 64, 128, ""},
+      {"nope-h10", 10, 10, 256, 128, 0, 128,
+       "NoPE latent attention (d_r = 0): one RMSNorm over the whole head"},
+      {"paper-g1", 16, 1, 512, 128, 64, 128, "one key group for all heads (G = 1)"},
+      {"tiny-nope", 4, 2, 32, 16, 0, 16, "fast tests, NoPE (d_r = 0)"},
+      {"tiny-g1", 4, 1, 32, 16, 8, 16, "fast tests, G = 1"},
   };
   return all;
 }

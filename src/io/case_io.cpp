@@ -24,6 +24,7 @@ CaseFile read_case(const std::string& path) {
     else
       out.k.tensors[name] = std::move(t);
   }
+  complete_nope(out.k);
   try {
     validate_case(out.k);
   } catch (const ConfigError& e) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <exception>
 #include <map>
+#include <set>
 
 #include "core/generator.hpp"
 #include "core/parallel.hpp"
@@ -96,6 +97,13 @@ void add_device_runs(std::vector<ProfileRun>& runs, Report& rep, const ReportOpt
   }
   if (any && opts.gpu_device && !gpu::device_available(&why))
     rep.notes.push_back("no CUDA device: GPU rows skipped (" + why + ")");
+  std::set<std::string>
+      said;  // GPU rows a config rules out (fp64 has none by design: not repeated)
+  for (const ProfileRun& r : runs)
+    for (const auto& [id, reason] : unavailable_ids(r.k.cfg, kReport))
+      if (id.family == Family::GpuModel && r.k.cfg.profile != Profile::FP64 &&
+          said.insert(reason).second)
+        rep.notes.push_back("gpu.model rows not run: " + reason);
 }
 
 }  // namespace
