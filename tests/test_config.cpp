@@ -61,8 +61,15 @@ TEST_CASE("config.json_roundtrip_and_strict_keys") {
                        ConfigError);
   std::string wrong = config_to_json(c);
   wrong.replace(wrong.find("\"heads\":4"), 9, "\"heads\":\"4\"");
-  CHECK_THROWS_WITH_AS(config_from_json(wrong), doctest::Contains("heads: wrong type"),
+  CHECK_THROWS_WITH_AS(config_from_json(wrong), doctest::Contains("heads: must be an integer"),
                        ConfigError);
+  // Never silently truncated: a fractional or out-of-range integer is refused.
+  for (const char* bad : {"\"heads\":4.5", "\"heads\":4294967300", "\"heads\":true"}) {
+    std::string w = config_to_json(c);
+    w.replace(w.find("\"heads\":4"), 9, bad);
+    CAPTURE(w);
+    CHECK_THROWS_WITH_AS(config_from_json(w), doctest::Contains("heads:"), ConfigError);
+  }
   CHECK_THROWS_AS(config_from_json("{\"heads\": 4}"), ConfigError);  // missing keys
   CHECK_THROWS_AS(config_from_json("not json"), ConfigError);
 }
@@ -72,6 +79,14 @@ TEST_CASE("config.presets_match_spec") {
   CHECK(p.heads == 16);
   CHECK(p.groups == 8);
   CHECK(p.latent_rank == 512);
-  CHECK(presets().size() == 6);
+  // SPEC §8's six, and the shape classes of issue 11: NoPE (d_r = 0) and G < H (G = 1).
+  CHECK(presets().size() == 10);
+  for (const char* name :
+       {"tiny", "paper-decode", "paper-g8", "deepseek-v3", "deepseek-v2-lite", "kimi-k2"})
+    CHECK_NOTHROW(find_preset(name));
+  CHECK(find_preset("nope-h10").d_r == 0);
+  CHECK(find_preset("tiny-nope").d_r == 0);
+  CHECK(find_preset("paper-g1").groups == 1);
+  CHECK(find_preset("tiny-g1").groups == 1);
   CHECK_THROWS_AS(find_preset("nope"), ConfigError);
 }

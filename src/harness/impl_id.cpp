@@ -6,18 +6,6 @@ namespace qkmla {
 
 namespace {
 
-const char* form_name(Form f) {
-  switch (f) {
-    case Form::Explicit:
-      return "explicit";
-    case Form::Absorbed:
-      return "absorbed";
-    case Form::Kernel:
-      return "kernel";
-  }
-  return "?";
-}
-
 bool parse_form(const std::string& s, Form& f) {
   for (Form x : {Form::Explicit, Form::Absorbed, Form::Kernel})
     if (s == form_name(x)) {
@@ -61,14 +49,14 @@ std::string suffix(Variant v) { return v == Variant::Default ? "" : dotted(varia
 std::string to_string(const ImplId& id) {
   switch (id.family) {
     case Family::Ref:
-      return std::string("ref.") + form_name(id.form) + suffix(id.variant);
+      return "ref." + form_name(id.form) + suffix(id.variant);
     case Family::Cpu:
-      return std::string("cpu.") + form_name(id.form) + suffix(id.profile) + suffix(id.variant);
+      return "cpu." + form_name(id.form) + suffix(id.profile) + suffix(id.variant);
     case Family::GpuModel:
       return std::string("gpu.model") + (id.form == Form::Explicit ? ".explicit" : "") +
              suffix(id.profile);
     case Family::Gpu:
-      return std::string("gpu.") + form_name(id.form) + suffix(id.profile);
+      return "gpu." + form_name(id.form) + suffix(id.profile);
     case Family::Mutant:
       return "mutant." + id.name + suffix(id.profile);
     case Family::Audit:

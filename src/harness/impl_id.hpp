@@ -14,12 +14,12 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/design.hpp"
 #include "core/variant.hpp"
 
 namespace qkmla {
 
 enum class Family { Ref, Cpu, GpuModel, Gpu, Mutant, Audit, Quant };
-enum class Form { Explicit, Absorbed, Kernel };
 
 struct ImplId {
   Family family = Family::Cpu;

@@ -5,18 +5,20 @@
 #pragma once
 #include <limits>
 
+#include "core/design.hpp"
 #include "core/variant.hpp"
 #include "impl/attention_core.hpp"
 #include "impl/norm_stage.hpp"
 
 namespace qkmla::impl {
 
-// A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only.
+// A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only; the rope
+// key is cached in `rope_format` (a design's rounding point), alpha_k in Acc.
 template <class Acc>
 LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps,
-                             const Perturbation& p) {
+                             const Perturbation& p, DType rope_format) {
   const MlaConfig& cf = k.cfg;
-  const DType D = stored_dtype(cf.profile);
+  const DType A = accumulate_dtype(cf.profile);
   const Tensor& kpe = k.get("k_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
@@ -55,7 +57,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
         blockwise_rope(z.data(), gk.data(), t, k, eps, p);
       }
     }
-    for (Acc x : z) lc.rope.push_back(store(D, x));
+    for (Acc x : z) lc.rope.push_back(round_point(rope_format, A, x));
   }
   return lc;
 }
@@ -90,14 +92,15 @@ void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
   }
 }
 
-// A.1-A.2 for row (b, i, h): q_latent [r] = w . WK_g^T with w per variant, the rope part, alpha_q.
+// A.1-A.2 for row (b, i, h): q_latent [r] = w . WK_g^T with w per variant, the rope part, alpha_q;
+// q_latent and the rope part stored at the design's rounding points.
 // `wk_merged` is WK with both content gains merged in (the gamma_merged variant only).
 template <class Acc>
 LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, const Perturbation& p,
                               const std::vector<Acc>& wk, const std::vector<Acc>& wk_merged,
-                              Acc eps) {
+                              Acc eps, const Design& d) {
   const MlaConfig& cf = k.cfg;
-  const DType D = stored_dtype(cf.profile);
+  const DType A = accumulate_dtype(cf.profile);
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
   const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
@@ -134,8 +137,8 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
     for (Acc& x : q.q_latent) x *= q.alpha_q;
   if (carries && unified)
     for (Acc& x : q.rope) x *= q.alpha_q;
-  for (Acc& x : q.q_latent) x = store(D, x);
-  for (Acc& x : q.rope) x = store(D, x);
+  for (Acc& x : q.q_latent) x = round_point(d.q, A, x);
+  for (Acc& x : q.rope) x = round_point(d.rope, A, x);
   return q;
 }
 

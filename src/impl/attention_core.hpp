@@ -4,6 +4,7 @@
 // differ only in what they score and what they average.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/attention_math.hpp"
@@ -12,14 +13,18 @@
 namespace qkmla::impl {
 
 // One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
-// `acc` [width] receives sum_t p_t value_t. Returns lse (-inf, acc all zero, for no token).
+// `acc` [width] receives sum_t p_t value_t, with p stored in `p_format` first when a design rounds
+// it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
 template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-               int width, std::vector<Acc>& acc) {
+               int width, std::vector<Acc>& acc,
+               const std::optional<DType>& p_format = std::nullopt) {
   std::vector<Acc> p;
   p.reserve(tokens.size());
   for (int64_t t : tokens) p.push_back(logit(t));
   const Acc lse = softmax(p);
+  if (p_format)
+    for (Acc& x : p) x = store(*p_format, x);
   acc.assign(size_t(width), Acc(0));
   for (size_t n = 0; n < tokens.size(); ++n) {
     const Acc* v = value(tokens[n]);
@@ -53,7 +58,7 @@ struct LatentQuery {
 template <class Acc, class AkToken>
 Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCache<Acc>& cache,
                   int g, const std::vector<int64_t>& tokens, Acc scale, const AkToken& ak_token,
-                  bool lowp, std::vector<Acc>& lat) {
+                  bool lowp, const std::optional<DType>& p_format, std::vector<Acc>& lat) {
   const int r = cf.latent_rank, dr = cf.d_r, G = cf.groups;
   const bool unified = cf.norm == NormMode::Unified;
   auto logit = [&](int64_t t) {
@@ -63,7 +68,7 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCa
     return latent_logit(unified, scale, s, latent, rope);
   };
   auto value = [&](int64_t t) { return cache.c.data() + t * r; };
-  return attend_row(tokens, logit, value, r, lat);
+  return attend_row(tokens, logit, value, r, lat, p_format);
 }
 
 }  // namespace qkmla::impl

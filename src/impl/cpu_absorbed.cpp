@@ -1,9 +1,11 @@
 // cpu.absorbed.<profile>[.<variant>] (and the mutants, the same code under a Perturbation): SPEC
-// §1.2. Rounding points (SPEC §3): q_latent, the query rope part and the cached rope key rounded to
-// D; c as stored; alpha_q and alpha_k in Acc (the alpha_k_bf16 variant rounds alpha_k to bf16);
-// logits, softmax and p.c in Acc, p unrounded; latent_out rounded to D; out = latent_out . WV
-// accumulated in Acc and rounded to D.
+// §1.2. Rounding points: a Design (core/design.hpp); by default SPEC §3's: q_latent, the query rope
+// part and the cached rope key rounded to D; c as stored; alpha_q and alpha_k in Acc (the
+// alpha_k_bf16 variant rounds alpha_k to bf16); logits, softmax and p.c in Acc, p unrounded;
+// latent_out rounded to D; out = latent_out . WV accumulated in Acc and rounded to D.
 #include <chrono>
+#include <map>
+#include <optional>
 #include <type_traits>
 
 #include "bounds/error_bound.hpp"
@@ -40,17 +42,17 @@ std::vector<Acc> merged_weights(const Case& k, const std::vector<AbsorbedSpec>& 
 }
 
 template <class Acc>
-Outputs empty_outputs(const Case& k, const AbsorbedSpec& s) {
+Outputs empty_outputs(const Case& k, const Design& d) {
   const MlaConfig& cf = k.cfg;
-  const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
+  const DType A = accumulate_dtype(cf.profile);
   Outputs o;
-  o.tensors["out"] = make_output(k, "out", D, 0.0);
-  o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);
+  o.tensors["out"] = make_output(k, "out", d.out, 0.0);
+  o.tensors["latent_out"] = make_output(k, "latent_out", d.latent_out, 0.0);
   o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   if (cf.norm == NormMode::None) return o;  // plain MLA: no statistics
   o.tensors["alpha_q"] = make_output(k, "alpha_q", A, 0.0);
-  o.tensors["alpha_k"] = make_output(k, "alpha_k", s.v == Variant::AlphaKBf16 ? DType::BF16 : A,
-                                     std::numeric_limits<double>::quiet_NaN());
+  o.tensors["alpha_k"] =
+      make_output(k, "alpha_k", d.alpha_k, std::numeric_limits<double>::quiet_NaN());
   return o;
 }
 
@@ -60,17 +62,18 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
                   const std::vector<Acc>& wk, const std::vector<Acc>& wk_merged,
                   const std::vector<Acc>& wv, Outputs& o) {
   const MlaConfig& cf = k.cfg;
-  const DType D = stored_dtype(cf.profile);
+  const DType A = accumulate_dtype(cf.profile);
   const Perturbation& p = s.p;
+  const Design d = design_of(s, cf.profile);
   const int G = cf.groups, dv = cf.d_v, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
   const bool stats = cf.norm != NormMode::None;
-  LatentCache<Acc> own;  // the bf16-alpha variant reads its own rounded copy of alpha_k
-  if (s.v == Variant::AlphaKBf16) {
+  LatentCache<Acc> own;  // a design that caches alpha_k narrower reads its own rounded copy
+  if (d.alpha_k != A) {
     own = cache;
-    for (Acc& a : own.alpha_k) a = store(DType::BF16, a);
+    for (Acc& a : own.alpha_k) a = store(d.alpha_k, a);
   }
-  const LatentCache<Acc>& lc = s.v == Variant::AlphaKBf16 ? own : cache;
+  const LatentCache<Acc>& lc = d.alpha_k != A ? own : cache;
   if (stats)
     for (int64_t t = 0; t < T; ++t)
       for (int g = 0; g < G; ++g)
@@ -78,7 +81,7 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
   const Acc scale = Acc(hook::softmax_scale(p, cf));
   for (int i = 0; i < cf.s_q; ++i)
     for (int h = 0; h < cf.heads; ++h) {
-      const LatentQuery<Acc> q = latent_query(k, b, i, h, s.v, p, wk, wk_merged, Acc(cf.eps));
+      const LatentQuery<Acc> q = latent_query(k, b, i, h, s.v, p, wk, wk_merged, Acc(cf.eps), d);
       if (stats) o.tensors["alpha_q"].at({b, i, h}) = double(q.alpha_q);
       const int g = hook::group_of(p, cf, h);
       std::vector<int64_t> tokens;
@@ -87,14 +90,14 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       std::vector<Acc> lat;
       const Acc lse = latent_attend(
           cf, q, lc, g, tokens, scale, [&](int64_t t) { return hook::alpha_k_token(p, t); },
-          p.score_lowp, lat);
+          p.score_lowp, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat);
       o.tensors["lse"].at({b, i, h}) = double(hook::lse_out(p, lse, Acc(std::log(2.0))));
-      for (Acc& x : lat) x = store(D, x);
+      for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6
       for (int l = 0; l < r; ++l) o.tensors["latent_out"].at({b, i, h, l}) = double(lat[size_t(l)]);
       for (int j = 0; j < dv; ++j)
-        o.tensors["out"].at({b, i, h, j}) = double(store(D, out[size_t(j)]));
+        o.tensors["out"].at({b, i, h, j}) = double(round_point(d.out, A, out[size_t(j)]));
     }
 }
 
@@ -105,22 +108,29 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const std::vector<Acc> wk_merged = merged_weights<Acc>(k, specs);
   std::vector<Outputs> outs;
-  for (const AbsorbedSpec& s : specs) outs.push_back(empty_outputs<Acc>(k, s));
+  for (const AbsorbedSpec& s : specs)
+    outs.push_back(empty_outputs<Acc>(k, design_of(s, cf.profile)));
   std::vector<double> seconds(specs.size(), 0.0);
   for (int b = 0; b < cf.batch; ++b) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const LatentCache<Acc> correct =
-        build_cache(k, b, wk, eps, Perturbation{});  // shared by the variants
-    const double cache_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The correct caches, one per rope format the specs ask for, shared by every unperturbed spec.
+    std::map<DType, LatentCache<Acc>> correct;
+    std::map<DType, double> cache_s;
+    for (const AbsorbedSpec& s : specs) {
+      const DType rope = design_of(s, cf.profile).rope;
+      if (!s.p.is_none() || correct.count(rope)) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      correct[rope] = build_cache(k, b, wk, eps, Perturbation{}, rope);
+      cache_s[rope] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     for (size_t n = 0; n < specs.size(); ++n) {
       const auto t1 = std::chrono::steady_clock::now();
+      const DType rope = design_of(specs[n], cf.profile).rope;
       const bool perturbed = !specs[n].p.is_none();
       const LatentCache<Acc> own =
-          perturbed ? build_cache(k, b, wk, eps, specs[n].p) : LatentCache<Acc>{};
-      run_sequence(k, b, specs[n], perturbed ? own : correct, wk, wk_merged, wv, outs[n]);
-      seconds[n] +=
-          cache_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+          perturbed ? build_cache(k, b, wk, eps, specs[n].p, rope) : LatentCache<Acc>{};
+      run_sequence(k, b, specs[n], perturbed ? own : correct.at(rope), wk, wk_merged, wv, outs[n]);
+      seconds[n] += (perturbed ? 0.0 : cache_s[rope]) +
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     }
   }
   for (size_t n = 0; n < specs.size(); ++n) outs[n].seconds = seconds[n];
@@ -128,6 +138,13 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
 }
 
 }  // namespace
+
+Design design_of(const AbsorbedSpec& s, Profile p) {
+  if (s.design) return *s.design;
+  Design d = spec_design(p, Form::Absorbed);
+  if (s.v == Variant::AlphaKBf16) d.alpha_k = DType::BF16;
+  return d;
+}
 
 std::vector<Variant> variants_for(Profile p, NormMode norm) {
   std::vector<Variant> v = {Variant::Default};

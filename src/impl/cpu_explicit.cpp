@@ -19,9 +19,9 @@ struct ExplicitQuery {
 };
 
 template <class Acc>
-ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps) {
+ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Design& d) {
   const MlaConfig& c = k.cfg;
-  const DType D = stored_dtype(c.profile);
+  const DType A = accumulate_dtype(c.profile);
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
   ExplicitQuery<Acc> q;
@@ -50,8 +50,8 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps) {
       if (ntr && pos >= 0) rotate(q.qr.data(), k, pos);
     }
   }
-  for (Acc& x : q.qc) x = store(D, x);
-  for (Acc& x : q.qr) x = store(D, x);
+  for (Acc& x : q.qc) x = round_point(d.q, A, x);
+  for (Acc& x : q.qr) x = round_point(d.rope, A, x);
   return q;
 }
 
@@ -63,9 +63,10 @@ struct ExplicitKey {
 };
 
 template <class Acc>
-ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc* v, Acc eps) {
+ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc* v, Acc eps,
+                     const Design& d) {
   const MlaConfig& c = k.cfg;
-  const DType D = stored_dtype(c.profile);
+  const DType A = accumulate_dtype(c.profile);
   const Tensor& kpe = k.get("k_pe");
   const int G = c.groups, dc = c.d_c, dr = c.d_r;
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
@@ -102,21 +103,23 @@ ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc*
       e.kr.insert(e.kr.end(), kr.begin(), kr.end());
     }
   }
-  for (Acc& x : e.kc) x = store(D, x);
-  for (Acc& x : e.kr) x = store(D, x);
-  for (Acc& x : e.v) x = store(D, x);
+  for (Acc& x : e.kc) x = round_point(d.kv, A, x);
+  for (Acc& x : e.kr) x = round_point(d.rope, A, x);
+  for (Acc& x : e.v) x = round_point(d.kv, A, x);
+  if (d.alpha_k != A)
+    for (Acc& x : e.alpha_k) x = store(d.alpha_k, x);
   return e;
 }
 
 template <class Acc>
-Outputs run(const Case& k) {
+Outputs run(const Case& k, const Design& d) {
   const MlaConfig& c = k.cfg;
-  const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
+  const DType A = accumulate_dtype(c.profile);
   const Acc eps = Acc(c.eps), scale = Acc(c.softmax_scale);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const bool stats = c.norm != NormMode::None;
   Outputs o;
-  Tensor& out = o.tensors["out"] = make_output(k, "out", D, 0.0);
+  Tensor& out = o.tensors["out"] = make_output(k, "out", d.out, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   Tensor aq = make_output(k, "alpha_q", A, 0.0);
   Tensor ak = make_output(k, "alpha_k", A, std::numeric_limits<double>::quiet_NaN());
@@ -131,12 +134,12 @@ Outputs run(const Case& k) {
     rows_mat(cb.data(), T, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
     for (int64_t t = 0; t < T; ++t) {
       keys.push_back(
-          key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps));
+          key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps, d));
       for (int g = 0; g < c.groups; ++g) ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
     }
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
-        const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps);
+        const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d);
         aq.at({b, i, h}) = double(q.alpha_q);
         const int g = c.group_of(h);
         std::vector<int64_t> tokens;
@@ -150,8 +153,11 @@ Outputs run(const Case& k) {
         };
         auto value = [&](int64_t t) { return keys[size_t(t)].v.data() + g * dv; };
         std::vector<Acc> acc;
-        lse.at({b, i, h}) = double(attend_row(tokens, logit, value, dv, acc));  // E.6-E.7
-        for (int j = 0; j < dv; ++j) out.at({b, i, h, j}) = double(store(D, acc[size_t(j)]));
+        lse.at({b, i, h}) =
+            double(attend_row(tokens, logit, value, dv, acc,
+                              d.p == A ? std::nullopt : std::optional<DType>(d.p)));  // E.6-E.7
+        for (int j = 0; j < dv; ++j)
+          out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
       }
   }
   if (stats) {
@@ -163,14 +169,16 @@ Outputs run(const Case& k) {
 
 }  // namespace
 
-Outputs cpu_explicit_bounds(const Case& k) {
+Outputs cpu_explicit_bounds(const Case& k, const std::optional<Design>& d) {
   bounds::units() = bounds::make_units(accumulate_dtype(k.cfg.profile));
-  return run<bounds::EB>(k);
+  return run<bounds::EB>(k, d.value_or(spec_design(k.cfg.profile, Form::Explicit)));
 }
 
-Outputs cpu_explicit(const Case& k) {
+Outputs cpu_explicit(const Case& k, const std::optional<Design>& d) {
   const auto start = std::chrono::steady_clock::now();
-  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k) : run<float>(k);
+  const Design des = d.value_or(spec_design(k.cfg.profile, Form::Explicit));
+  Outputs o =
+      accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des) : run<float>(k, des);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }

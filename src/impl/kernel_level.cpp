@@ -29,7 +29,7 @@ Case kernel_case_t(const Case& k) {
   Tensor aq(A, {cf.batch, S, H}), ak(A, {cf.batch, T, G}, nan);
   kc.tensors["seqlens"] = k.get("seqlens");
   for (int b = 0; b < cf.batch; ++b) {
-    const LatentCache<Acc> cache = build_cache(k, b, wk, Acc(cf.eps), Perturbation{});
+    const LatentCache<Acc> cache = build_cache(k, b, wk, Acc(cf.eps), Perturbation{}, D);
     for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
       for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(cache.c[size_t(t * r + l)]);
       for (int j = 0; j < dr; ++j) kr.at({b, t, j}) = double(cache.rope[size_t(t * dr + j)]);
@@ -38,7 +38,8 @@ Case kernel_case_t(const Case& k) {
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
         const LatentQuery<Acc> q =
-            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk, Acc(cf.eps));
+            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk, Acc(cf.eps),
+                         spec_design(cf.profile, Form::Absorbed));
         aq.at({b, i, h}) = double(q.alpha_q);
         for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
         for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
@@ -101,7 +102,7 @@ Outputs run(const Case& k) {
         std::vector<Acc> lat;
         lse[row] = double(latent_attend(
             cf, q, cache, cf.group_of(h), tokens, Acc(cf.softmax_scale),
-            [](int64_t t) { return t; }, false, lat));
+            [](int64_t t) { return t; }, false, std::nullopt, lat));
         for (int l = 0; l < r; ++l) lat_out[row * r + l] = double(store(D, lat[size_t(l)]));
       }
   }

@@ -39,6 +39,13 @@ Acc store(DType d, Acc x) {
   return Acc(round_to(d, double(x)));
 }
 
+// A rounding point of a design (core/design.hpp): x stored in format d, or kept as it is when d is
+// the accumulate type A (nothing is rounded there, and the error-bound type adds nothing).
+template <class Acc>
+Acc round_point(DType d, DType A, Acc x) {
+  return d == A ? x : store(d, x);
+}
+
 template <class Acc>
 Acc sum_sq(const Acc* z, int n) {
   Acc s = 0;

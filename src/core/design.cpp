@@ -1,0 +1,117 @@
+#include "core/design.hpp"
+
+#include <vector>
+
+namespace qkmla {
+
+std::string form_name(Form f) {
+  switch (f) {
+    case Form::Explicit:
+      return "explicit";
+    case Form::Absorbed:
+      return "absorbed";
+    case Form::Kernel:
+      return "kernel";
+  }
+  return "?";
+}
+
+Form parse_form(const std::string& s) {
+  for (Form f : {Form::Explicit, Form::Absorbed, Form::Kernel})
+    if (s == form_name(f)) return f;
+  throw ConfigError("form", "unknown form '" + s + "' (expected explicit|absorbed|kernel)");
+}
+
+Design spec_design(Profile p, Form f) {
+  const DType D = stored_dtype(p), A = accumulate_dtype(p);
+  return {f, D, D, D, A, A, D, D};
+}
+
+Design accumulate_design(Profile p, Form f) {
+  const DType A = accumulate_dtype(p);
+  return {f, A, A, A, A, A, A, A};
+}
+
+namespace {
+
+std::string dtype_word(DType d) {
+  switch (d) {
+    case DType::F64:
+      return "fp64";
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::F8_E4M3:
+      return "fp8";
+    default:
+      return "?";
+  }
+}
+
+DType parse_dtype_word(const std::string& key, const std::string& v, Profile p) {
+  if (v == "stored") return stored_dtype(p);
+  if (v == "acc") return accumulate_dtype(p);
+  for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16})
+    if (v == dtype_word(d)) return d;
+  throw ConfigError("design." + key,
+                    "unknown format '" + v + "' (fp64, fp32, bf16, fp16, stored, acc)");
+}
+
+}  // namespace
+
+Design parse_design(const std::string& text, Profile p, Form default_form) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  size_t at = 0;
+  while (at <= text.size() && !text.empty()) {
+    const size_t comma = text.find(',', at);
+    const std::string item =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError("design", "expected key=value, got '" + item + "'");
+    kv.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  Form f = default_form;
+  for (const auto& [k, v] : kv)
+    if (k == "form") f = parse_form(v);
+  Design d = spec_design(p, f);
+  for (const auto& [k, v] : kv) {
+    if (k == "form") continue;
+    const DType x = parse_dtype_word(k, v, p);
+    if (k == "q_latent" || k == "q")
+      d.q = x;
+    else if (k == "rope")
+      d.rope = x;
+    else if (k == "kv")
+      d.kv = x;
+    else if (k == "alpha_k")
+      d.alpha_k = x;
+    else if (k == "p")
+      d.p = x;
+    else if (k == "latent_out")
+      d.latent_out = x;
+    else if (k == "out")
+      d.out = x;
+    else
+      throw ConfigError(
+          "design." + k,
+          "unknown rounding point (form, q_latent, rope, kv, alpha_k, p, latent_out, out)");
+  }
+  return d;
+}
+
+std::string to_string(const Design& d) {
+  std::string s =
+      "form=" + form_name(d.form) + ",q=" + dtype_word(d.q) + ",rope=" + dtype_word(d.rope);
+  if (d.form == Form::Explicit) s += ",kv=" + dtype_word(d.kv);
+  s += ",alpha_k=" + dtype_word(d.alpha_k) + ",p=" + dtype_word(d.p);
+  if (d.form != Form::Explicit) s += ",latent_out=" + dtype_word(d.latent_out);
+  return s + ",out=" + dtype_word(d.out);
+}
+
+}  // namespace qkmla

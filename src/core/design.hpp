@@ -1,0 +1,46 @@
+// A design: where an implementation rounds (SPEC §3 "Rounding points", §5 "Judging"). Every value
+// is computed in the profile's accumulate type A; each rounding point names the format it is stored
+// in before the next stage reads it (A itself: not rounded). The CPU implementations run any
+// design (src/impl), the error-bound type bounds it, and an audit judges a kernel against correct
+// implementations of the design it declares or delivers.
+#pragma once
+#include <string>
+
+#include "core/config.hpp"
+#include "core/dtype.hpp"
+
+namespace qkmla {
+
+enum class Form { Explicit, Absorbed, Kernel };
+
+struct Design {
+  Form form = Form::Absorbed;
+  DType q = DType::F32;           // absorbed: q_latent; explicit: the normalized content query qc^
+  DType rope = DType::F32;        // the query and key rope parts (qr^, kr^ or their unified forms)
+  DType kv = DType::F32;          // explicit only: the materialized keys kc^ and values v
+  DType alpha_k = DType::F32;     // the cached key statistic
+  DType p = DType::F32;           // the probabilities as p.c (p.v) reads them
+  DType latent_out = DType::F32;  // absorbed: before the up-projection
+  DType out = DType::F32;         // the delivered out
+  bool operator==(const Design& o) const {
+    return form == o.form && q == o.q && rope == o.rope && kv == o.kv && alpha_k == o.alpha_k &&
+           p == o.p && latent_out == o.latent_out && out == o.out;
+  }
+};
+
+// SPEC §3's rounding points for a profile: q, rope, kv, latent_out, out in the stored dtype;
+// alpha_k and p in the accumulate type.
+Design spec_design(Profile p, Form f);
+// Everything in the accumulate type: the design of an fp32 (fp64) compute that delivers fp32.
+Design accumulate_design(Profile p, Form f);
+
+// "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
+// kv, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the
+// profile's): starts from spec_design(profile, form) and sets the keys given. ConfigError names
+// the key.
+Design parse_design(const std::string& text, Profile p, Form default_form);
+std::string to_string(const Design& d);
+std::string form_name(Form f);
+Form parse_form(const std::string& s);  // ConfigError("form", ...)
+
+}  // namespace qkmla
