@@ -15,11 +15,16 @@ struct AuditOptions {
   std::string label = "third_party";
   std::string lse_base = "e";      // "e" or "2"
   std::string empty_lse = "-inf";  // what the outputs hold for rows with no visible key
+  std::string form = "absorbed";   // the judged implementation's form: absorbed or explicit
+  std::string design;              // a declared design (core/design.hpp syntax), or "" to infer
   GateRule rule;
 };
 
 struct TensorAudit {
   Judged j;
+  DType delivered = DType::F64;
+  double yardstick = 0;           // rel_l2 of the correct implementations of the design(s)
+  std::string yardstick_design;   // the design that made it
   std::vector<std::pair<int64_t, double>> per_head, per_seq;  // (index, rel_l2)
   std::vector<Worst> worst;                                   // the five largest errors
 };
@@ -31,6 +36,7 @@ struct AuditResult {
   std::vector<TensorAudit> tensors;
   std::vector<std::string> missing;  // primary outputs not given (not judged)
   std::vector<std::string> ignored;  // given tensors the case has no reference for
+  std::vector<std::string> designs;  // the design(s) the yardstick ran: declared, or inferred
   bool pass() const;
 };
 

@@ -11,13 +11,19 @@ double baseline_ratio(double rel_l2, double baseline_rel_l2, double floor) {
   return rel_l2 / std::max(baseline_rel_l2, floor);
 }
 
+int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y) {
+  const bool rows = tensor == "out" || tensor == "latent_out" || tensor == "q_latent";
+  return rows && !y.shape.empty() && y.shape.back() > 0 ? compared / y.shape.back() : compared;
+}
+
 Judged judge_tensor(const GateRule& rule, const JudgeInput& in) {
   Judged j;
   j.tensor = in.subject.tensor;
   j.m = compare(*in.x, *in.y, in.ulp_dtype, in.mask, in.x_lo, in.y_lo);
   if (in.bound) j.m.bound_ratio = bound_ratio(*in.x, *in.y, *in.bound, in.mask);
   j.baseline_ratio = baseline_ratio(j.m.rel_l2, in.baseline_rel_l2, in.floor);
-  j.v = judge(rule, in.subject, j.m, j.baseline_ratio);
+  j.samples = effective_samples(in.subject.tensor, j.m.compared, *in.y);
+  j.v = judge(rule, in.subject, j.m, j.baseline_ratio, j.samples);
   return j;
 }
 

@@ -16,8 +16,13 @@ struct Judged {
   std::string tensor;
   Metrics m;
   double baseline_ratio = 0;  // NaN when there is no baseline for the tensor
+  int64_t samples = 0;        // independent samples behind rel_l2 (effective_samples)
   Verdict v;
 };
+
+// How many roughly independent errors a tensor's rel_l2 aggregates: its rows for out, latent_out
+// and q_latent (one logit error moves a whole row), its values otherwise.
+int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y);
 
 // The floor of the baseline ratio's denominator (SPEC §5): u/16 of the profile's stored dtype.
 double baseline_floor(Profile p);

@@ -26,10 +26,9 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
   if (p_format)
     for (Acc& x : p) x = store(*p_format, x);
   acc.assign(size_t(width), Acc(0));
-  for (size_t n = 0; n < tokens.size(); ++n) {
-    const Acc* v = value(tokens[n]);
-    for (int j = 0; j < width; ++j) acc[size_t(j)] += p[n] * v[j];
-  }
+  ordered_accumulate<Acc>(
+      int64_t(tokens.size()), width, [&](int64_t n) { return p[size_t(n)]; },
+      [&](int64_t n) { return value(tokens[size_t(n)]); }, acc.data());
   return lse;
 }
 

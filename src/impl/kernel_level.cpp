@@ -78,13 +78,13 @@ LatentCache<Acc> cache_of(const Case& k, int b) {
 }
 
 template <class Acc>
-Outputs run(const Case& k) {
+Outputs run(const Case& k, const Design& d) {
   const MlaConfig& cf = k.cfg;
-  const DType D = stored_dtype(cf.profile), A = accumulate_dtype(cf.profile);
+  const DType A = accumulate_dtype(cf.profile);
   const int r = cf.latent_rank, dr = cf.d_r;
   const Tensor &ql = k.get("q_latent"), &qr = k.get("q_rope");
   Outputs o;
-  Tensor& lat_out = o.tensors["latent_out"] = make_output(k, "latent_out", D, 0.0);
+  Tensor& lat_out = o.tensors["latent_out"] = make_output(k, "latent_out", d.latent_out, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   for (int b = 0; b < cf.batch; ++b) {
     const int64_t T = cf.seqlens[size_t(b)];
@@ -102,8 +102,8 @@ Outputs run(const Case& k) {
         std::vector<Acc> lat;
         lse[row] = double(latent_attend(
             cf, q, cache, cf.group_of(h), tokens, Acc(cf.softmax_scale),
-            [](int64_t t) { return t; }, false, std::nullopt, lat));
-        for (int l = 0; l < r; ++l) lat_out[row * r + l] = double(store(D, lat[size_t(l)]));
+            [](int64_t t) { return t; }, false, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat));
+        for (int l = 0; l < r; ++l) lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }
   }
   return o;
@@ -116,9 +116,10 @@ Case kernel_case(const Case& k) {
                                                        : kernel_case_t<float>(k);
 }
 
-Outputs cpu_kernel(const Case& k) {
+Outputs cpu_kernel(const Case& k, const std::optional<Design>& d) {
   const auto start = std::chrono::steady_clock::now();
-  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k) : run<float>(k);
+  const Design des = d.value_or(spec_design(k.cfg.profile, Form::Kernel));
+  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des) : run<float>(k, des);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }

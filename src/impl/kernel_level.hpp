@@ -1,7 +1,10 @@
 // Kernel level (SPEC §2): a FlashMLA-style decode kernel's inputs, already absorbed and rounded,
 // and the same-profile CPU kernel that is their baseline.
 #pragma once
+#include <optional>
+
 #include "core/case.hpp"
+#include "core/design.hpp"
 #include "core/outputs.hpp"
 
 namespace qkmla::impl {
@@ -14,6 +17,7 @@ Case kernel_case(const Case& module_case);
 // cpu.kernel.<profile>: the latent core (attention_core.hpp) on the kernel inputs: logits of
 // core/attention_math.hpp with s = alpha_q alpha_k (1 in norm none), softmax and p.c in Acc,
 // latent_out rounded to the stored dtype, lse in Acc.
-Outputs cpu_kernel(const Case& kernel_case);
+// A design (core/design.hpp) may move the p and latent_out rounding points (default SPEC §3's).
+Outputs cpu_kernel(const Case& kernel_case, const std::optional<Design>& d = std::nullopt);
 
 }  // namespace qkmla::impl

@@ -46,18 +46,73 @@ Acc round_point(DType d, DType A, Acc x) {
   return d == A ? x : store(d, x);
 }
 
+// Summation orders. Every sum of a profile implementation takes its terms in one order: forward by
+// default (the proofs and the error bounds assume it). A yardstick (harness/yardstick.hpp) also
+// runs a design in other correct orders, reversed and split over 2 or 8 lanes whose partial sums
+// are added at the end, as a vectorized or split-KV kernel does, to sample how much correct
+// implementations of one design differ on a case. Per thread.
+struct SumOrder {
+  bool reverse = false;
+  int lanes = 1;
+};
+inline SumOrder& sum_order() {
+  thread_local SumOrder o;
+  return o;
+}
+inline bool forward_order() { return !sum_order().reverse && sum_order().lanes == 1; }
+
+// sum_{j < n} term(j) in the current order.
+template <class Acc, class Term>
+Acc ordered_sum(int n, const Term& term) {
+  if (forward_order()) {
+    Acc s = 0;
+    for (int j = 0; j < n; ++j) s += term(j);
+    return s;
+  }
+  const SumOrder o = sum_order();
+  Acc total = 0;
+  for (int lane = 0; lane < o.lanes; ++lane) {
+    Acc s = 0;
+    for (int k = lane; k < n; k += o.lanes) s += term(o.reverse ? n - 1 - k : k);
+    total += s;
+  }
+  return total;
+}
+
+// y[j] += sum_{l < n} coef(l) * row(l)[j] for j < cols, each output's terms in the current order
+// (y holds zeros on entry). The inner loop runs across outputs and vectorizes.
+template <class Acc, class Coef, class Row>
+void ordered_accumulate(int64_t n, int cols, const Coef& coef, const Row& row, Acc* y) {
+  if (forward_order()) {
+    for (int64_t l = 0; l < n; ++l) {
+      const Acc c = coef(l);
+      const Acc* r = row(l);
+      for (int j = 0; j < cols; ++j) y[j] += c * r[j];
+    }
+    return;
+  }
+  const SumOrder o = sum_order();
+  std::vector<Acc> part(static_cast<size_t>(cols));
+  for (int lane = 0; lane < o.lanes; ++lane) {
+    std::fill(part.begin(), part.end(), Acc(0));
+    for (int64_t k = lane; k < n; k += o.lanes) {
+      const int64_t l = o.reverse ? n - 1 - k : k;
+      const Acc c = coef(l);
+      const Acc* r = row(l);
+      for (int j = 0; j < cols; ++j) part[size_t(j)] += c * r[j];
+    }
+    for (int j = 0; j < cols; ++j) y[j] += part[size_t(j)];
+  }
+}
+
 template <class Acc>
 Acc sum_sq(const Acc* z, int n) {
-  Acc s = 0;
-  for (int j = 0; j < n; ++j) s += z[j] * z[j];
-  return s;
+  return ordered_sum<Acc>(n, [&](int j) { return z[j] * z[j]; });
 }
 
 template <class Acc>
 Acc dot(const Acc* a, const Acc* b, int n) {
-  Acc s = 0;
-  for (int j = 0; j < n; ++j) s += a[j] * b[j];
-  return s;
+  return ordered_sum<Acc>(n, [&](int j) { return a[j] * b[j]; });
 }
 
 // dot(a, b) with every partial sum rounded to bf16 when `lowp` (the *_lowp mutants' accumulation).
@@ -92,11 +147,8 @@ void rotate(Acc* z, const Case& k, int64_t pos) {
 template <class Acc>
 void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, Acc* y) {
   for (int j = 0; j < cols; ++j) y[j] = 0;
-  for (int l = 0; l < rows; ++l) {
-    const Acc xl = x[l];
-    const Acc* w = W + int64_t(l) * ld + col0;
-    for (int j = 0; j < cols; ++j) y[j] += xl * w[j];
-  }
+  ordered_accumulate<Acc>(
+      rows, cols, [&](int64_t l) { return x[l]; }, [&](int64_t l) { return W + l * ld + col0; }, y);
 }
 
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)), each output one sequential sum over
@@ -106,6 +158,12 @@ template <class Acc>
 void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols, Acc* Y) {
   constexpr int64_t kRows = 8;
   for (int64_t i = 0; i < rows * cols; ++i) Y[i] = 0;
+  if (!forward_order()) {  // another order (yardsticks): row by row
+    for (int64_t i = 0; i < rows; ++i)
+      ordered_accumulate<Acc>(
+          n, cols, [&](int64_t l) { return X[i * n + l]; }, [&](int64_t l) { return W + l * ld; }, Y + i * cols);
+    return;
+  }
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t r1 = std::min(rows, r0 + kRows);
     for (int l = 0; l < n; ++l) {
@@ -125,11 +183,8 @@ Acc softmax(std::vector<Acc>& logits_to_p) {
   if (logits_to_p.empty()) return -std::numeric_limits<Acc>::infinity();
   Acc m = logits_to_p[0];
   for (Acc l : logits_to_p) m = std::max(m, l);
-  Acc sum = 0;
-  for (Acc& l : logits_to_p) {
-    l = std::exp(l - m);
-    sum += l;
-  }
+  for (Acc& l : logits_to_p) l = std::exp(l - m);
+  const Acc sum = ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
   for (Acc& l : logits_to_p) l /= sum;
   return m + std::log(sum);
 }

@@ -46,6 +46,7 @@ std::string audit_json(const AuditResult& r) {
   j["verdict"] = r.pass() ? "PASS" : "FAIL";
   j["missing"] = r.missing;
   j["ignored"] = r.ignored;
+  j["designs"] = r.designs;
   for (const TensorAudit& a : r.tensors) {
     const Judged& x = a.j;
     nlohmann::ordered_json t = {{"tensor", x.tensor},
@@ -56,7 +57,10 @@ std::string audit_json(const AuditResult& r) {
                                 {"rel_l2", finite_or_null(x.m.rel_l2)},
                                 {"cos_diff", finite_or_null(x.m.cos_diff)},
                                 {"baseline_ratio", finite_or_null(x.baseline_ratio)},
-                                {"nonfinite_mismatch", x.m.nonfinite_mismatch}};
+                                {"nonfinite_mismatch", x.m.nonfinite_mismatch},
+                                {"delivered", dtype_name(a.delivered)},
+                                {"yardstick_rel_l2", finite_or_null(a.yardstick)},
+                                {"yardstick_design", a.yardstick_design}};
     for (const Worst& w : a.worst)
       t["worst"].push_back({{"index", w.index}, {"value", w.value}, {"ref", w.ref}});
     for (const auto& [h, v] : a.per_head) t["per_head"].push_back({{"head", h}, {"rel_l2", v}});

@@ -294,11 +294,14 @@ class Run:
         return content + rope
 
 
+def save(res, out_path):
+    save_file({k: np.ascontiguousarray(v) for k, v in res.items()}, out_path)
+
+
 def main(case, out_path, design="fp32", bug=""):
     if bug and bug not in BUGS:
         raise SystemExit(f"unknown bug {bug!r}; known: {', '.join(BUGS)}")
-    res = Run(case, design, bug).run()
-    save_file({k: np.ascontiguousarray(v) for k, v in res.items()}, out_path)
+    save(Run(case, design, bug).run(), out_path)
 
 
 if __name__ == "__main__":

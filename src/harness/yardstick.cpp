@@ -1,0 +1,117 @@
+#include "harness/yardstick.hpp"
+
+#include <cmath>
+
+#include "impl/cpu_impls.hpp"
+#include "impl/profile_math.hpp"
+#include "impl/kernel_level.hpp"
+#include "metrics/compare.hpp"
+
+namespace qkmla {
+
+namespace {
+
+bool wider(DType a, DType b) { return format_of(a).precision > format_of(b).precision; }
+
+// Every combination of the listed rounding points in {stored, accumulate}.
+std::vector<Design> combinations(const Design& base, const std::vector<DType Design::*>& points, DType D, DType A) {
+  std::vector<Design> out;
+  for (unsigned mask = 0; mask < (1u << points.size()); ++mask) {
+    Design d = base;
+    for (size_t i = 0; i < points.size(); ++i) d.*points[i] = (mask >> i & 1u) ? A : D;
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+Design design_of(const ImplId& id, Profile p) {
+  const Form f = id.family == Family::Cpu && id.form == Form::Kernel ? Form::Kernel
+                 : id.form == Form::Explicit                          ? Form::Explicit
+                                                                      : Form::Absorbed;
+  Design d = spec_design(p, f);
+  if (id.variant == Variant::AlphaKBf16) d.alpha_k = DType::BF16;
+  return d;
+}
+
+std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered) {
+  const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
+  auto given = [&](const char* t, DType fallback) { return delivered.count(t) ? delivered.at(t) : fallback; };
+  if (c.level == Level::Kernel) {
+    Design base = spec_design(c.profile, Form::Kernel);
+    base.latent_out = wider(given("latent_out", D), D) ? A : D;
+    return combinations(base, {&Design::p}, D, A);
+  }
+  const DType out = given("out", D);
+  Design base = form == Form::Explicit ? spec_design(c.profile, Form::Explicit) : spec_design(c.profile, Form::Absorbed);
+  base.alpha_k = given("alpha_k", A) == DType::BF16 && A != DType::BF16 ? DType::BF16 : A;
+  if (wider(out, D)) {  // fp32 out: an fp32 (fp64) compute
+    Design d = accumulate_design(c.profile, form);
+    d.alpha_k = base.alpha_k;
+    return {d};
+  }
+  base.out = out;
+  if (form == Form::Explicit) return combinations(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A);
+  return combinations(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A);
+}
+
+namespace {
+
+// Every design once, in the current summation order: outs[n] of designs[n].
+std::vector<Outputs> run_designs(const Case& k, const std::vector<Design>& designs) {
+  std::vector<impl::AbsorbedSpec> absorbed;
+  for (const Design& d : designs)
+    if (k.cfg.level == Level::Module && d.form == Form::Absorbed) absorbed.push_back({Variant::Default, {}, d});
+  std::vector<Outputs> batch = impl::cpu_absorbed(k, absorbed);  // one shared cache per rope format
+  std::vector<Outputs> outs;
+  size_t next = 0;
+  for (const Design& d : designs) {
+    if (k.cfg.level == Level::Kernel) outs.push_back(impl::cpu_kernel(k, d));
+    else if (d.form == Form::Explicit) outs.push_back(impl::cpu_explicit(k, d));
+    else outs.push_back(std::move(batch[next++]));
+  }
+  return outs;
+}
+
+// Restores the forward order when it goes out of scope.
+struct OrderScope {
+  explicit OrderScope(impl::SumOrder o) { impl::sum_order() = o; }
+  ~OrderScope() { impl::sum_order() = {}; }
+};
+
+}  // namespace
+
+const std::vector<impl::SumOrder>& yardstick_orders() {
+  static const std::vector<impl::SumOrder> o = {{false, 1}, {true, 1}, {false, 2}, {false, 8}};
+  return o;
+}
+
+Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
+                            const std::vector<std::string>& tensors) {
+  Yardstick y;
+  y.designs = designs;
+  // sum_sq[n][tensor]: sum over orders of rel_l2^2 for design n.
+  std::vector<std::map<std::string, double>> sq(designs.size());
+  for (const impl::SumOrder& order : yardstick_orders()) {
+    OrderScope scope(order);
+    const std::vector<Outputs> outs = run_designs(k, designs);
+    for (size_t n = 0; n < outs.size(); ++n)
+      for (const std::string& t : tensors) {
+        const Tensor* ref = truth(t);
+        if (!ref || !outs[n].tensors.count(t)) continue;
+        const Tensor& x = outs[n].tensors.at(t);
+        const double e = compare(x, *ref, x.dtype, valid_mask(k, t)).rel_l2;
+        sq[n][t] += e * e;
+      }
+  }
+  const double orders = double(yardstick_orders().size());
+  for (size_t n = 0; n < designs.size(); ++n)
+    for (const auto& [t, s] : sq[n]) {
+      const double rms = std::sqrt(s / orders);
+      if (!y.rel_l2.count(t) || rms > y.rel_l2[t]) y.rel_l2[t] = rms, y.design_of[t] = to_string(designs[n]);
+    }
+  return y;
+}
+
+}  // namespace qkmla

@@ -1,0 +1,174 @@
+"""The third-party audit suite: seeded golden cases (shapes, norms, scenarios, profiles), audited
+through the qkmla CLI exactly as a kernel author would, for every legitimate design of the
+independent NumPy implementation (mla_numpy.py: must PASS) and every plausible bug (must FAIL
+wherever its effect is far beyond rounding). Prints a kill / false-alarm matrix; --json writes
+every verdict.
+
+usage: suite.py QKMLA_BINARY WORK_DIR --seeds FIRST-LAST [--json FILE] [--jobs N] [--quick]
+Exit 1 when a legitimate design fails or a bug with a large effect passes."""
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import mla_numpy  # noqa: E402
+
+DESIGNS = ["fp32", "bf16_p", "stored_out", "q_latent32", "explicit"]
+BUG_DESIGNS = ["fp32", "stored_out"]  # each bug is a variant of these correct implementations
+SHAPES = [  # (preset, norm)
+    ("tiny", "blockwise"), ("tiny", "unified"), ("tiny", "none"), ("tiny-nope", "blockwise"), ("tiny-g1", "blockwise"),
+    ("tiny-g1", "unified"), ("paper-g8", "blockwise"),
+]
+SCENARIOS = ["normal", "outliers", "tiny_keys", "large_logits"]
+PROFILES = ["fp32", "bf16", "fp16", "fp8"]
+
+
+def case_spec(seed):
+    """A deterministic case for each seed: it cycles through shapes, scenarios, profiles, S_q and
+    the rope conventions, so any window of seeds covers all of them."""
+    rng = np.random.default_rng(seed)
+    profile = PROFILES[seed % len(PROFILES)]
+    preset, norm = SHAPES[(seed // len(PROFILES)) % len(SHAPES)]
+    scenario = SCENARIOS[(seed // (len(PROFILES) * len(SHAPES))) % len(SCENARIOS)]
+    sq = [1, 2, 4][seed % 3]
+    long = preset == "paper-g8"
+    seqlens = [0, int(rng.integers(sq, 24 if long else 48)), int(rng.integers(sq, 40 if long else 90))]
+    args = ["--preset", preset, "--norm", norm, "--scenario", scenario, "--profile", profile, "--sq", str(sq),
+            "--seqlens", ",".join(map(str, seqlens)), "--seed", str(seed),
+            "--rope-order", ["norm_then_rope", "rope_then_norm"][(seed // 3) % 2],
+            "--rope-style", ["interleaved", "half"][(seed // 5) % 2]]
+    if seed % 11 == 0:
+        args.append("--no-causal")
+    return dict(preset=preset, norm=norm, scenario=scenario, profile=profile, sq=sq, args=args)
+
+
+def bug_applies(bug, spec):
+    d_r0 = spec["preset"] == "tiny-nope"
+    if bug in ("rope_style_swapped", "rope_pos_plus1", "no_gamma_rk") and d_r0:
+        return False
+    if bug in ("eps_x10", "eps_div10", "ms_over_dm1", "no_gamma_q", "no_gamma_rk") and spec["norm"] == "none":
+        return False
+    if bug == "unified_rope_unscaled" and (spec["norm"] != "unified" or d_r0):
+        return False
+    if bug.startswith("fp8_") and spec["profile"] != "fp8":
+        return False
+    if bug in ("noncausal", "self_excluded") and "--no-causal" in spec["args"]:
+        return False
+    return True
+
+
+def rel_l2(x, y):
+    m = np.isfinite(y) & np.isfinite(x)
+    d = np.linalg.norm((x - y)[m].astype(np.float64))
+    n = np.linalg.norm(y[m].astype(np.float64))
+    return d / n if n > 0 else d
+
+
+def audit(qkmla, case, outputs, extra=()):
+    r = subprocess.run([qkmla, "audit", case, outputs, "--format", "json", *extra], capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"audit exit {r.returncode}: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def one_case(qkmla, work, seed):
+    spec = case_spec(seed)
+    d = os.path.join(work, f"s{seed}")
+    os.makedirs(d, exist_ok=True)
+    case = os.path.join(d, "case.safetensors")
+    subprocess.run([qkmla, "golden", *spec["args"], "-o", case], check=True, capture_output=True)
+    _, t = mla_numpy.load(case)
+    refs = {k[4:]: v.astype(np.float64) for k, v in t.items() if k.startswith("ref.")}
+
+    def errors(res):  # rel_l2 of each primary output against the reference
+        return {k: rel_l2(res[k].astype(np.float64), refs[k]) for k in ("out", "lse") if k in res}
+
+    rows = []
+    correct_err = {}
+    for design in DESIGNS:
+        path = os.path.join(d, f"{design}.safetensors")
+        res = mla_numpy.Run(case, design).run()
+        mla_numpy.save(res, path)
+        correct_err[design] = errors(res)
+        a = audit(qkmla, case, path)
+        rows.append(dict(seed=seed, spec={k: v for k, v in spec.items() if k != "args"}, design=design, bug="",
+                         verdict=a["verdict"], err=correct_err[design], failed=[f for x in a["tensors"] for f in x["failed"]],
+                         tensors={x["tensor"]: [x["rel_l2"], x["yardstick_rel_l2"], x["baseline_ratio"]] for x in a["tensors"]}))
+    for design in BUG_DESIGNS:
+        for bug in mla_numpy.BUGS:
+            if not bug_applies(bug, spec):
+                continue
+            path = os.path.join(d, f"{design}-{bug}.safetensors")
+            res = mla_numpy.Run(case, design, bug).run()
+            mla_numpy.save(res, path)
+            err = errors(res)
+            a = audit(qkmla, case, path)
+            rows.append(dict(seed=seed, spec={k: v for k, v in spec.items() if k != "args"}, design=design, bug=bug,
+                             verdict=a["verdict"], err=err, correct_err=correct_err[design],
+                             diagnosis=a.get("diagnosis", {}),
+                             tensors={x["tensor"]: [x["rel_l2"], x["yardstick_rel_l2"], x["baseline_ratio"]] for x in a["tensors"]}))
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    os.rmdir(d)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("qkmla")
+    ap.add_argument("work")
+    ap.add_argument("--seeds", default="1-20")
+    ap.add_argument("--json")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    first, last = map(int, args.seeds.split("-"))
+    rows = []
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as ex:
+        for r in ex.map(one_case, [args.qkmla] * (last - first + 1), [args.work] * (last - first + 1), range(first, last + 1)):
+            rows.extend(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    bad = summarize(rows)
+    sys.exit(1 if bad else 0)
+
+
+def large_effect(r):
+    """The bug's error on out or lse is more than 10x the correct implementation's (same design, case)."""
+    return any(r["err"].get(t, 0) > 10 * max(e, 1e-300) for t, e in r["correct_err"].items())
+
+
+def summarize(rows):
+    bad = 0
+    legit = [r for r in rows if not r["bug"]]
+    print(f"legitimate designs: {sum(r['verdict'] == 'PASS' for r in legit)} of {len(legit)} audits pass")
+    for design in DESIGNS:
+        rs = [r for r in legit if r["design"] == design]
+        fails = [r for r in rs if r["verdict"] != "PASS"]
+        bad += len(fails)
+        print(f"  {design:<12} {len(rs) - len(fails):>5} / {len(rs):<5} pass")
+        for r in fails[:3]:
+            print(f"    false alarm: seed {r['seed']} {r['spec']}: {r['failed']}")
+    print("bugs (among audits where the bug's out error is > 10x the correct implementation's):")
+    for bug in mla_numpy.BUGS:
+        rs = [r for r in rows if r["bug"] == bug]
+        big = [r for r in rs if large_effect(r)]
+        killed = [r for r in big if r["verdict"] == "FAIL"]
+        small_killed = sum(r["verdict"] == "FAIL" for r in rs if r not in big)
+        bad += len(big) - len(killed)
+        print(f"  {bug:<22} killed {len(killed):>4} / {len(big):<4} large-effect audits"
+              f"  (and {small_killed} of {len(rs) - len(big)} small-effect ones)")
+        for r in [r for r in big if r["verdict"] != "FAIL"][:2]:
+            print(f"    survived: seed {r['seed']} {r['design']} {r['spec']} err {r['err']} vs {r['correct_err']}: {r['tensors']}")
+    return bad
+
+
+if __name__ == "__main__":
+    main()
