@@ -47,7 +47,7 @@ double baseline_ratio(const Case& k, const Outputs& o, const std::string& tensor
 // budgets of src/gate/budgets.toml for tiny tensors and large_logits).
 Verdict verdict(const Row& row, const std::string& preset, const std::string& scenario) {
   return judge(default_rule(), Subject{row.impl, preset, scenario, row.profile, row.tensor}, row.m,
-               row.baseline_ratio);
+               row.baseline_ratio, row.m.compared);
 }
 
 gpu::GpuOutputs model(const Case& k, int pages_per_split, bool explicit_form = false) {

@@ -43,6 +43,8 @@ Runner add_audit(CLI::App& app, const std::string&) {
   cmd->add_option("--design", f->o.design,
                   "the rounding points of the audited design, e.g. q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32 "
                   "(default: inferred from the delivered dtypes)");
+  cmd->add_flag("!--no-diagnose", f->o.diagnose,
+                "on FAIL, do not evaluate the reference under alternative conventions (faster)");
   cmd->add_option("--budgets", f->budgets, "budget overrides (TOML: baseline_k, [[budget]])")
       ->check(CLI::ExistingFile);
   cmd->add_option("--junit", f->junit, "write JUnit XML to FILE");

@@ -14,6 +14,10 @@
 namespace qkmla {
 
 enum class EpsPlacement { Inside, OutsideSqrt, Dropped };
+// How the reported lse is formed: natural log of sum_t exp(logit) (correct); base 2; of the
+// unscaled scores logit / sigma; or with the row maximum taken before the scale (m / sigma +
+// log sum exp(logit - m): a FlashAttention-style kernel that forgets to scale its running max).
+enum class LseForm { Natural, Base2, Unscaled, MaxUnscaled };
 
 struct Perturbation {
   int gamma_k_power = 1;  // gamma_ck applied this many times in q_latent (0, 1, 2)
@@ -29,6 +33,15 @@ struct Perturbation {
   int causal_extra = 0;                  // a causal query also sees pos(i) + causal_extra
   bool swap_rope_order = false;          // the rope order the config does not say
   bool lse_base2 = false;                // lse reported in base 2
+  // Conventions a diagnosis tries (harness/diagnose.hpp); no SPEC §7 mutant sets these.
+  LseForm lse_form = LseForm::Natural;
+  int gamma_q_power = 1;                  // gamma_cq in q_latent: 1, or 0 (missing)
+  bool no_rope_gain_q = false;            // the query rope gain missing
+  bool no_rope_gain_k = false;            // the key rope gain missing
+  bool mean_over_d_minus_1 = false;       // the RMS statistic's mean over d - 1
+  bool rope_unscaled_by_alpha_k = false;  // unified: alpha_k scales the content part only
+  int query_pos_shift = 0;                // queries rotated at pos(i) + shift
+  bool split_average = false;  // two KV splits combined by a plain average, not lse-weighted
 
   bool is_none() const { return *this == Perturbation{}; }
   // Differs from the correct path only in how sums are rounded: identical in exact arithmetic.
@@ -44,7 +57,12 @@ struct Perturbation {
            alpha_k_shift == o.alpha_k_shift && group_mod == o.group_mod &&
            scale_dc_only == o.scale_dc_only && drop_alpha_q == o.drop_alpha_q &&
            score_lowp == o.score_lowp && causal_extra == o.causal_extra &&
-           swap_rope_order == o.swap_rope_order && lse_base2 == o.lse_base2;
+           swap_rope_order == o.swap_rope_order && lse_base2 == o.lse_base2 &&
+           lse_form == o.lse_form && gamma_q_power == o.gamma_q_power &&
+           no_rope_gain_q == o.no_rope_gain_q && no_rope_gain_k == o.no_rope_gain_k &&
+           mean_over_d_minus_1 == o.mean_over_d_minus_1 &&
+           rope_unscaled_by_alpha_k == o.rope_unscaled_by_alpha_k &&
+           query_pos_shift == o.query_pos_shift && split_average == o.split_average;
   }
 };
 
@@ -84,6 +102,7 @@ inline bool joint_key_stat(const Perturbation& p, const MlaConfig& c) {
 template <class T>
 T inv_rms(const Perturbation& p, const T& ss, int n, const T& eps) {
   using std::sqrt;
+  if (p.mean_over_d_minus_1 && n > 1) n -= 1;
   if (p.eps == EpsPlacement::OutsideSqrt) return T(T(1) / (sqrt(T(ss / T(n))) + eps));
   if (p.eps == EpsPlacement::Dropped) return T(T(1) / sqrt(T(ss / T(n))));
   return T(T(1) / sqrt(T(ss / T(n)) + eps));
@@ -97,6 +116,18 @@ T gain_k(const Perturbation& p, const T& gamma) {
   return gamma;
 }
 
+// gamma_cq as it enters q_latent: gamma, or 1 (missing).
+template <class T>
+T gain_q(const Perturbation& p, const T& gamma) {
+  return p.gamma_q_power == 0 ? T(1) : gamma;
+}
+
+// The query position the rope part is rotated at (never below 0).
+inline int64_t query_rope_pos(const Perturbation& p, int64_t pos) {
+  const int64_t s = pos + p.query_pos_shift;
+  return s < 0 ? 0 : s;
+}
+
 // What multiplies alpha_k after the latent dot: alpha_q, or 1 when the bug drops it.
 template <class T>
 T alpha_q_applied(const Perturbation& p, const T& alpha_q) {
@@ -106,7 +137,7 @@ T alpha_q_applied(const Perturbation& p, const T& alpha_q) {
 // The lse an implementation reports: natural log, or divided by ln 2 (ln2 in the caller's type).
 template <class T>
 T lse_out(const Perturbation& p, const T& lse, const T& ln2) {
-  return p.lse_base2 ? T(lse / ln2) : lse;
+  return p.lse_base2 || p.lse_form == LseForm::Base2 ? T(lse / ln2) : lse;
 }
 
 }  // namespace hook

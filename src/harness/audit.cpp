@@ -81,21 +81,24 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     }
     const Tensor& y = cf.refs.at("ref." + name);
     if (x.shape != y.shape)
-      throw InputError(outputs_path, name,
-                       "shape " + shape_str(x.shape) + " does not match the case's " + shape_str(y.shape));
+      throw InputError(
+          outputs_path, name,
+          "shape " + shape_str(x.shape) + " does not match the case's " + shape_str(y.shape));
     if (name == "lse") convert_lse(x, y, o);
     delivered[name] = x.dtype;
   }
   // The yardstick: correct implementations of the declared design, or of every legitimate design
   // consistent with the form and the delivered dtypes, on this very case.
   const Form form = parse_form(o.form);
-  const std::vector<Design> designs = o.design.empty()
-                                          ? candidate_designs(c, form, delivered)
-                                          : std::vector<Design>{parse_design(o.design, c.profile, form)};
+  const std::vector<Design> designs =
+      o.design.empty() ? candidate_designs(c, form, delivered)
+                       : std::vector<Design>{parse_design(o.design, c.profile, form)};
   for (const Design& d : designs) res.designs.push_back(to_string(d));
   std::vector<std::string> names;
   for (const auto& [name, dt] : delivered) names.push_back(name);
-  auto ref = [&](const std::string& t) { return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr; };
+  auto ref = [&](const std::string& t) {
+    return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr;
+  };
   const Yardstick ys = measure_yardstick(cf.k, designs, ref, names);
   for (const auto& [name, dt] : delivered) {
     const Tensor& x = given.at(name);
@@ -107,13 +110,16 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     const bool vector = name == "out" || name == "latent_out" || name == "q_latent";
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
     if (ys.rel_l2.count(name)) in.baseline_rel_l2 = ys.rel_l2.at(name);
-    in.floor = unit_roundoff(dt == DType::I32 ? DType::F64 : dt) / 16;  // of the delivered type (SPEC §5)
+    in.floor =
+        unit_roundoff(dt == DType::I32 ? DType::F64 : dt) / 16;  // of the delivered type (SPEC §5)
     res.tensors.push_back({judge_tensor(o.rule, in), dt, in.baseline_rel_l2,
-                           ys.design_of.count(name) ? ys.design_of.at(name) : "", breakdown(x, *in.y, 2),
-                           breakdown(x, *in.y, 0), top_errors(x, *in.y, 5)});
+                           ys.design_of.count(name) ? ys.design_of.at(name) : "",
+                           breakdown(x, *in.y, 2), breakdown(x, *in.y, 0),
+                           top_errors(x, *in.y, 5)});
   }
   for (const std::string& p : primary)
     if (!given.count(p)) res.missing.push_back(p);
+  if (!res.pass() && o.diagnose) res.diagnosis = diagnose(cf.k, given, cf.refs);
   if (res.tensors.empty())
     throw InputError(outputs_path, "outputs",
                      "none of the given tensors has a reference in the case (expected " +

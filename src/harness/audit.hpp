@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/diagnose.hpp"
 #include "harness/judge.hpp"
 #include "io/case_io.hpp"
 
@@ -17,14 +18,15 @@ struct AuditOptions {
   std::string empty_lse = "-inf";  // what the outputs hold for rows with no visible key
   std::string form = "absorbed";   // the judged implementation's form: absorbed or explicit
   std::string design;              // a declared design (core/design.hpp syntax), or "" to infer
+  bool diagnose = true;            // on FAIL, try the conventions of harness/diagnose.hpp
   GateRule rule;
 };
 
 struct TensorAudit {
   Judged j;
   DType delivered = DType::F64;
-  double yardstick = 0;           // rel_l2 of the correct implementations of the design(s)
-  std::string yardstick_design;   // the design that made it
+  double yardstick = 0;          // rel_l2 of the correct implementations of the design(s)
+  std::string yardstick_design;  // the design that made it
   std::vector<std::pair<int64_t, double>> per_head, per_seq;  // (index, rel_l2)
   std::vector<Worst> worst;                                   // the five largest errors
 };
@@ -37,6 +39,7 @@ struct AuditResult {
   std::vector<std::string> missing;  // primary outputs not given (not judged)
   std::vector<std::string> ignored;  // given tensors the case has no reference for
   std::vector<std::string> designs;  // the design(s) the yardstick ran: declared, or inferred
+  std::vector<Match> diagnosis;  // on FAIL: conventions the outputs match (harness/diagnose.hpp)
   bool pass() const;
 };
 

@@ -5,8 +5,8 @@
 
 #include <boost/math/distributions/fisher_f.hpp>
 #include <cmath>
-#include <limits>
 #include <fstream>
+#include <limits>
 
 #include "harness/impl_id.hpp"
 #include "io/safetensors.hpp"
@@ -77,7 +77,8 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     if (k != "baseline_k" && k != "baseline_k_source" && k != "budget")
-      throw InputError(path, k, "unknown key (expected baseline_k, baseline_k_source or [[budget]])");
+      throw InputError(path, k,
+                       "unknown key (expected baseline_k, baseline_k_source or [[budget]])");
   }
   apply_budget_text(rule, text, path);
 }
@@ -141,7 +142,8 @@ double small_sample_k(int64_t samples) {
   return std::sqrt(boost::math::quantile(boost::math::complement(f, kSmallSampleAlpha)));
 }
 
-Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio, int64_t samples) {
+Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio,
+              int64_t samples) {
   Verdict v;
   auto fail = [&](const std::string& metric, const std::string& what) {
     v.pass = false;
@@ -174,9 +176,11 @@ Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double b
   for (const auto& [k0, source] : ks) {
     const double k = std::max(k0, small);
     if (!std::isnan(baseline_ratio) && !(baseline_ratio <= k))
-      fail("baseline_ratio", k > k0 ? fmt::format("baseline_ratio={:.3g}>{:.3g} (F-test allowance for {} samples; {})",
-                                                   baseline_ratio, k, samples, source)
-                                    : fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, source));
+      fail("baseline_ratio",
+           k > k0
+               ? fmt::format("baseline_ratio={:.3g}>{:.3g} (F-test allowance for {} samples; {})",
+                             baseline_ratio, k, samples, source)
+               : fmt::format("baseline_ratio={:.3g}>{} ({})", baseline_ratio, k, source));
   }
   for (const Budget* b : matching) {
     if (b->metric == "bound_ratio" && std::isnan(m.bound_ratio))

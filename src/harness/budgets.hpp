@@ -52,6 +52,7 @@ struct Subject {
 // 1 - kSmallSampleAlpha (proofs/budgets.md). NaN never passes.
 constexpr double kSmallSampleAlpha = 1e-4;
 double small_sample_k(int64_t samples);
-Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio, int64_t samples);
+Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio,
+              int64_t samples);
 
 }  // namespace qkmla

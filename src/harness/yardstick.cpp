@@ -1,10 +1,12 @@
 #include "harness/yardstick.hpp"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/attention_math.hpp"
 #include "impl/cpu_impls.hpp"
-#include "impl/profile_math.hpp"
 #include "impl/kernel_level.hpp"
+#include "impl/profile_math.hpp"
 #include "metrics/compare.hpp"
 
 namespace qkmla {
@@ -14,7 +16,8 @@ namespace {
 bool wider(DType a, DType b) { return format_of(a).precision > format_of(b).precision; }
 
 // Every combination of the listed rounding points in {stored, accumulate}.
-std::vector<Design> combinations(const Design& base, const std::vector<DType Design::*>& points, DType D, DType A) {
+std::vector<Design> combinations(const Design& base, const std::vector<DType Design::*>& points,
+                                 DType D, DType A) {
   std::vector<Design> out;
   for (unsigned mask = 0; mask < (1u << points.size()); ++mask) {
     Design d = base;
@@ -28,8 +31,8 @@ std::vector<Design> combinations(const Design& base, const std::vector<DType Des
 
 Design design_of(const ImplId& id, Profile p) {
   const Form f = id.family == Family::Cpu && id.form == Form::Kernel ? Form::Kernel
-                 : id.form == Form::Explicit                          ? Form::Explicit
-                                                                      : Form::Absorbed;
+                 : id.form == Form::Explicit                         ? Form::Explicit
+                                                                     : Form::Absorbed;
   Design d = spec_design(p, f);
   if (id.variant == Variant::AlphaKBf16) d.alpha_k = DType::BF16;
   return d;
@@ -37,14 +40,17 @@ Design design_of(const ImplId& id, Profile p) {
 
 std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
-  auto given = [&](const char* t, DType fallback) { return delivered.count(t) ? delivered.at(t) : fallback; };
+  auto given = [&](const char* t, DType fallback) {
+    return delivered.count(t) ? delivered.at(t) : fallback;
+  };
   if (c.level == Level::Kernel) {
     Design base = spec_design(c.profile, Form::Kernel);
     base.latent_out = wider(given("latent_out", D), D) ? A : D;
     return combinations(base, {&Design::p}, D, A);
   }
   const DType out = given("out", D);
-  Design base = form == Form::Explicit ? spec_design(c.profile, Form::Explicit) : spec_design(c.profile, Form::Absorbed);
+  Design base = form == Form::Explicit ? spec_design(c.profile, Form::Explicit)
+                                       : spec_design(c.profile, Form::Absorbed);
   base.alpha_k = given("alpha_k", A) == DType::BF16 && A != DType::BF16 ? DType::BF16 : A;
   if (wider(out, D)) {  // fp32 out: an fp32 (fp64) compute
     Design d = accumulate_design(c.profile, form);
@@ -52,24 +58,40 @@ std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Deliv
     return {d};
   }
   base.out = out;
-  if (form == Form::Explicit) return combinations(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A);
+  if (form == Form::Explicit)
+    return combinations(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A);
   return combinations(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A);
 }
 
 namespace {
 
-// Every design once, in the current summation order: outs[n] of designs[n].
-std::vector<Outputs> run_designs(const Case& k, const std::vector<Design>& designs) {
+// The exact-arithmetic variants a design's correct implementations may take (SPEC §1.2): they
+// round at the same points but different values (alpha_q folded in or not, gains merged or not),
+// so they sample the design's rounding noise, not only its summation order's.
+std::vector<Variant> sample_variants(const MlaConfig& c, const Design& d) {
+  if (c.level != Level::Module || d.form != Form::Absorbed || c.norm == NormMode::None)
+    return {Variant::Default};
+  return {Variant::Default, Variant::AlphaQFolded, Variant::QNormedFirst, Variant::GammaMerged};
+}
+
+// Every design's samples in the current summation order: outs[n] holds design n's.
+std::vector<std::vector<Outputs>> run_designs(const Case& k, const std::vector<Design>& designs) {
   std::vector<impl::AbsorbedSpec> absorbed;
   for (const Design& d : designs)
-    if (k.cfg.level == Level::Module && d.form == Form::Absorbed) absorbed.push_back({Variant::Default, {}, d});
+    for (Variant v : sample_variants(k.cfg, d))
+      if (k.cfg.level == Level::Module && d.form == Form::Absorbed) absorbed.push_back({v, {}, d});
   std::vector<Outputs> batch = impl::cpu_absorbed(k, absorbed);  // one shared cache per rope format
-  std::vector<Outputs> outs;
+  std::vector<std::vector<Outputs>> outs;
   size_t next = 0;
   for (const Design& d : designs) {
-    if (k.cfg.level == Level::Kernel) outs.push_back(impl::cpu_kernel(k, d));
-    else if (d.form == Form::Explicit) outs.push_back(impl::cpu_explicit(k, d));
-    else outs.push_back(std::move(batch[next++]));
+    outs.emplace_back();
+    if (k.cfg.level == Level::Kernel)
+      outs.back().push_back(impl::cpu_kernel(k, d));
+    else if (d.form == Form::Explicit)
+      outs.back().push_back(impl::cpu_explicit(k, d));
+    else
+      for (size_t n = 0; n < sample_variants(k.cfg, d).size(); ++n)
+        outs.back().push_back(std::move(batch[next++]));
   }
   return outs;
 }
@@ -83,33 +105,38 @@ struct OrderScope {
 }  // namespace
 
 const std::vector<impl::SumOrder>& yardstick_orders() {
-  static const std::vector<impl::SumOrder> o = {{false, 1}, {true, 1}, {false, 2}, {false, 8}};
+  static const std::vector<impl::SumOrder> o = {{false, 1, 1}, {true, 1, 1}, {false, 2, 1},
+                                                {false, 8, 1}, {false, 1, 2}, {false, 1, 4}};
   return o;
 }
+
 
 Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
                             const std::vector<std::string>& tensors) {
   Yardstick y;
   y.designs = designs;
-  // sum_sq[n][tensor]: sum over orders of rel_l2^2 for design n.
+  // sq[n][tensor]: sum over samples (orders x variants) of rel_l2^2 for design n, count[n] samples.
   std::vector<std::map<std::string, double>> sq(designs.size());
+  std::vector<std::map<std::string, double>> count(designs.size());
   for (const impl::SumOrder& order : yardstick_orders()) {
     OrderScope scope(order);
-    const std::vector<Outputs> outs = run_designs(k, designs);
+    const std::vector<std::vector<Outputs>> outs = run_designs(k, designs);
     for (size_t n = 0; n < outs.size(); ++n)
-      for (const std::string& t : tensors) {
-        const Tensor* ref = truth(t);
-        if (!ref || !outs[n].tensors.count(t)) continue;
-        const Tensor& x = outs[n].tensors.at(t);
-        const double e = compare(x, *ref, x.dtype, valid_mask(k, t)).rel_l2;
-        sq[n][t] += e * e;
-      }
+      for (const Outputs& o : outs[n])
+        for (const std::string& t : tensors) {
+          const Tensor* ref = truth(t);
+          if (!ref || !o.tensors.count(t)) continue;
+          const Tensor& x = o.tensors.at(t);
+          const double e = compare(x, *ref, x.dtype, valid_mask(k, t)).rel_l2;
+          sq[n][t] += e * e;
+          count[n][t] += 1;
+        }
   }
-  const double orders = double(yardstick_orders().size());
   for (size_t n = 0; n < designs.size(); ++n)
     for (const auto& [t, s] : sq[n]) {
-      const double rms = std::sqrt(s / orders);
-      if (!y.rel_l2.count(t) || rms > y.rel_l2[t]) y.rel_l2[t] = rms, y.design_of[t] = to_string(designs[n]);
+      const double rms = std::sqrt(s / count[n].at(t));
+      if (!y.rel_l2.count(t) || rms > y.rel_l2[t])
+        y.rel_l2[t] = rms, y.design_of[t] = to_string(designs[n]);
     }
   return y;
 }

@@ -27,8 +27,11 @@ std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Deliv
 
 struct Yardstick {
   std::vector<Design> designs;
-  // Per tensor: the largest over the designs of the RMS over summation orders (forward, reversed,
-  // 2 and 8 lanes) of rel_l2: the typical error of a correct implementation of the design.
+  // Per tensor: the largest over the designs of the RMS of rel_l2 over correct implementations of
+  // the design: six orders (forward, reversed, 2 and 8 lanes, and split-KV into 2 and 4 chunks
+  // combined by their lse, as FlashDecoding kernels do) x, for the absorbed form, the
+  // exact-arithmetic variants that round different values at the same points: the typical error
+  // of a correct implementation of the design on this case.
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
 };

@@ -51,10 +51,12 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
         lc.alpha_k.push_back(hook::inv_rms(p, ss, n, eps));
       }
       if (unified) {
-        scale_gain(z.data(), dr, gk.data() + dc, Acc(1));
+        if (!p.no_rope_gain_k) scale_gain(z.data(), dr, gk.data() + dc, Acc(1));
         if (ntr) rotate(z.data(), k, t);
       } else {
-        blockwise_rope(z.data(), gk.data(), t, k, eps, p);
+        blockwise_rope(z.data(),
+                       p.no_rope_gain_k ? std::vector<Acc>(size_t(dr), Acc(1)).data() : gk.data(),
+                       t, k, eps, p);
       }
     }
     for (Acc x : z) lc.rope.push_back(round_point(rope_format, A, x));
@@ -71,24 +73,27 @@ void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
   const bool ntr = hook::norm_then_rope(p, cf);
   if (cf.norm == NormMode::None) {
     q.alpha_q = Acc(1);
-    if (pos >= 0) rotate(q.rope.data(), k, pos);
+    if (pos >= 0) rotate(q.rope.data(), k, hook::query_rope_pos(p, pos));
   } else if (cf.norm == NormMode::Unified) {
     const std::vector<Acc> gq = to_acc<Acc>(k.get("gamma_q"));
     if (!ntr && pos < 0) {
       q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();  // the statistic needs a position
       return;
     }
-    if (!ntr) rotate(q.rope.data(), k, pos);
+    if (!ntr) rotate(q.rope.data(), k, hook::query_rope_pos(p, pos));
     q.alpha_q = hook::inv_rms(p, sum_sq(w.data(), dc) + sum_sq(q.rope.data(), dr), dc + dr, eps);
-    scale_gain(q.rope.data(), dr, gq.data() + dc, Acc(1));
-    if (ntr && pos >= 0) rotate(q.rope.data(), k, pos);
+    if (!p.no_rope_gain_q) scale_gain(q.rope.data(), dr, gq.data() + dc, Acc(1));
+    if (ntr && pos >= 0) rotate(q.rope.data(), k, hook::query_rope_pos(p, pos));
   } else {
     Acc ss = sum_sq(w.data(), dc);
     int n = dc;
     if (p.joint_stat_in_blockwise) ss += sum_sq(q.rope.data(), dr), n += dr;
     q.alpha_q = hook::inv_rms(p, ss, n, eps);
     if (pos >= 0)
-      blockwise_rope(q.rope.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps, p);
+      blockwise_rope(q.rope.data(),
+                     p.no_rope_gain_q ? std::vector<Acc>(size_t(dr), Acc(1)).data()
+                                      : to_acc<Acc>(k.get("gamma_rq")).data(),
+                     hook::query_rope_pos(p, pos), k, eps, p);
   }
 }
 
@@ -123,7 +128,8 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
       scale_gain(w.data(), dc, gk.data(), Acc(1));
     } else {
       for (int j = 0; j < dc; ++j)
-        w[size_t(j)] = (w[size_t(j)] * gq[size_t(j)]) * hook::gain_k(p, gk[size_t(j)]);
+        w[size_t(j)] =
+            (w[size_t(j)] * hook::gain_q(p, gq[size_t(j)])) * hook::gain_k(p, gk[size_t(j)]);
     }
   }
   q.q_latent.resize(size_t(r));

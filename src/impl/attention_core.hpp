@@ -5,9 +5,12 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "core/attention_math.hpp"
+#include "core/perturbation.hpp"
 #include "impl/profile_math.hpp"
 
 namespace qkmla::impl {
@@ -17,8 +20,52 @@ namespace qkmla::impl {
 // it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
 template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-               int width, std::vector<Acc>& acc,
-               const std::optional<DType>& p_format = std::nullopt) {
+               int width, std::vector<Acc>& acc, const std::optional<DType>& p_format = std::nullopt);
+
+// Split-KV (FlashDecoding): the row's tokens in `splits` contiguous chunks, each attended alone
+// (its lse and normalized output in Acc), then combined by lse weights. A yardstick's order
+// (profile_math.hpp), so that a split kernel's rounding of each chunk's lse is sampled too.
+template <class Acc, class Logit, class Value>
+Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value, int width,
+                 std::vector<Acc>& acc, const std::optional<DType>& p_format, int splits) {
+  using std::exp;
+  using std::log;
+  std::vector<Acc> lse_s;
+  std::vector<std::vector<Acc>> o_s;
+  const size_t n = tokens.size(), per = (n + size_t(splits) - 1) / size_t(splits);
+  {
+    SumOrder inner = sum_order();
+    inner.splits = 1;
+    const SumOrder saved = std::exchange(sum_order(), inner);
+    for (size_t at = 0; at < n; at += per) {
+      o_s.emplace_back();
+      lse_s.push_back(attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(at), tokens.begin() + std::ptrdiff_t(std::min(n, at + per))),
+                                 logit, value, width, o_s.back(), p_format));
+    }
+    sum_order() = saved;
+  }
+  Acc M = lse_s[0];
+  for (Acc l : lse_s) M = std::max(M, l);
+  Acc sum = 0;
+  for (Acc l : lse_s) sum += exp(l - M);
+  const Acc lse = M + log(sum);
+  acc.assign(size_t(width), Acc(0));
+  for (size_t s = 0; s < lse_s.size(); ++s) {
+    const Acc w = exp(lse_s[s] - lse);
+    for (int j = 0; j < width; ++j) acc[size_t(j)] += w * o_s[s][size_t(j)];
+  }
+  return lse;
+}
+
+// One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
+// `acc` [width] receives sum_t p_t value_t, with p stored in `p_format` first when a design rounds
+// it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
+template <class Acc, class Logit, class Value>
+Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
+               int width, std::vector<Acc>& acc, const std::optional<DType>& p_format) {
+  if constexpr (std::is_floating_point_v<Acc>)
+    if (sum_order().splits > 1 && tokens.size() >= size_t(sum_order().splits))
+      return attend_split(tokens, logit, value, width, acc, p_format, sum_order().splits);
   std::vector<Acc> p;
   p.reserve(tokens.size());
   for (int64_t t : tokens) p.push_back(logit(t));
@@ -50,24 +97,60 @@ struct LatentQuery {
                                     // query already carries it (folded, normalized first) or none
 };
 
+// The reported lse of a row in a perturbed lse form (core/perturbation.hpp: LseForm; a diagnosis
+// evaluates them): `logits` are the row's visible logits, `lse` their correct log-sum-exp.
+template <class Acc>
+Acc lse_in_form(LseForm form, const std::vector<Acc>& logits, Acc lse, Acc scale) {
+  if constexpr (!std::is_floating_point_v<Acc>) {  // the error-bound type: the correct form only
+    return lse;
+  } else {
+    if (form == LseForm::Natural || form == LseForm::Base2 || logits.empty()) return lse;
+    Acc m = logits[0];
+    for (Acc l : logits) m = std::max(m, l);
+    if (form == LseForm::MaxUnscaled)
+      return m / scale + (lse - m);  // m / sigma + log sum exp(l - m)
+    Acc sum = 0;                     // Unscaled: log sum exp(l / sigma)
+    for (Acc l : logits) sum += std::exp((l - m) / scale);
+    return m / scale + std::log(sum);
+  }
+}
+
 // A.4-A.5 for one row against one sequence's cache: latent and rope scores of the visible tokens,
-// the logit of core/attention_math.hpp, softmax, latent_out [r] (in `lat`, unrounded). `ak_token`
-// maps a token to the one whose alpha_k scales it; `lowp` rounds the latent score's partial sums
-// to bf16 (a mutant).
-template <class Acc, class AkToken>
+// the logit of core/attention_math.hpp, softmax, latent_out [r] (in `lat`, unrounded). The
+// perturbation maps a token to the one whose alpha_k scales it, may round the latent score's
+// partial sums to bf16, drop alpha_k from the unified rope part, average two KV splits instead
+// of weighting them by their lse, or report lse in another form (all correct by default).
+template <class Acc>
 Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCache<Acc>& cache,
-                  int g, const std::vector<int64_t>& tokens, Acc scale, const AkToken& ak_token,
-                  bool lowp, const std::optional<DType>& p_format, std::vector<Acc>& lat) {
+                  int g, const std::vector<int64_t>& tokens, Acc scale, const Perturbation& pt,
+                  const std::optional<DType>& p_format, std::vector<Acc>& lat) {
   const int r = cf.latent_rank, dr = cf.d_r, G = cf.groups;
   const bool unified = cf.norm == NormMode::Unified;
   auto logit = [&](int64_t t) {
-    const Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, lowp);
+    const Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, pt.score_lowp);
     const Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
-    const Acc s = q.row_scale * cache.alpha_k[size_t(ak_token(t) * G + g)];
+    const Acc s = q.row_scale * cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
+    if (unified && pt.rope_unscaled_by_alpha_k)
+      return Acc(scale * (s * latent + q.row_scale * rope));
     return latent_logit(unified, scale, s, latent, rope);
   };
   auto value = [&](int64_t t) { return cache.c.data() + t * r; };
-  return attend_row(tokens, logit, value, r, lat, p_format);
+  Acc lse = attend_row(tokens, logit, value, r, lat, p_format);
+  if (pt.split_average && tokens.size() >= 2) {  // each half normalized alone, then averaged
+    const size_t half = tokens.size() / 2;
+    std::vector<Acc> a, b;
+    attend_row(std::vector<int64_t>(tokens.begin(), tokens.begin() + std::ptrdiff_t(half)), logit,
+               value, r, a, p_format);
+    attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(half), tokens.end()), logit,
+               value, r, b, p_format);
+    for (int l = 0; l < r; ++l) lat[size_t(l)] = (a[size_t(l)] + b[size_t(l)]) / Acc(2);
+  }
+  if (pt.lse_form != LseForm::Natural) {
+    std::vector<Acc> logits;
+    for (int64_t t : tokens) logits.push_back(logit(t));
+    lse = lse_in_form(pt.lse_form, logits, lse, scale);
+  }
+  return lse;
 }
 
 }  // namespace qkmla::impl

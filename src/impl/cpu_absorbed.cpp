@@ -88,9 +88,8 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       for (int64_t t = 0; t < T; ++t)
         if (hook::visible(p, cf, T, i, t)) tokens.push_back(t);
       std::vector<Acc> lat;
-      const Acc lse = latent_attend(
-          cf, q, lc, g, tokens, scale, [&](int64_t t) { return hook::alpha_k_token(p, t); },
-          p.score_lowp, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat);
+      const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p,
+                                    d.p == A ? std::nullopt : std::optional<DType>(d.p), lat);
       o.tensors["lse"].at({b, i, h}) = double(hook::lse_out(p, lse, Acc(std::log(2.0))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));

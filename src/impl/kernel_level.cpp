@@ -78,7 +78,7 @@ LatentCache<Acc> cache_of(const Case& k, int b) {
 }
 
 template <class Acc>
-Outputs run(const Case& k, const Design& d) {
+Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
   const int r = cf.latent_rank, dr = cf.d_r;
@@ -98,12 +98,15 @@ Outputs run(const Case& k, const Design& d) {
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
         std::vector<int64_t> tokens;
         for (int64_t t = 0; t < T; ++t)
-          if (token_visible(cf.causal, T, cf.s_q, i, t)) tokens.push_back(t);
+          if (hook::visible(pt, cf, T, i, t)) tokens.push_back(t);
         std::vector<Acc> lat;
-        lse[row] = double(latent_attend(
-            cf, q, cache, cf.group_of(h), tokens, Acc(cf.softmax_scale),
-            [](int64_t t) { return t; }, false, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat));
-        for (int l = 0; l < r; ++l) lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
+        lse[row] = double(hook::lse_out(
+            pt,
+            latent_attend(cf, q, cache, cf.group_of(h), tokens, Acc(hook::softmax_scale(pt, cf)),
+                          pt, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat),
+            Acc(std::log(2.0))));
+        for (int l = 0; l < r; ++l)
+          lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }
   }
   return o;
@@ -116,10 +119,11 @@ Case kernel_case(const Case& k) {
                                                        : kernel_case_t<float>(k);
 }
 
-Outputs cpu_kernel(const Case& k, const std::optional<Design>& d) {
+Outputs cpu_kernel(const Case& k, const std::optional<Design>& d, const Perturbation& p) {
   const auto start = std::chrono::steady_clock::now();
   const Design des = d.value_or(spec_design(k.cfg.profile, Form::Kernel));
-  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des) : run<float>(k, des);
+  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des, p)
+                                                            : run<float>(k, des, p);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }

@@ -6,6 +6,7 @@
 #include "core/case.hpp"
 #include "core/design.hpp"
 #include "core/outputs.hpp"
+#include "core/perturbation.hpp"
 
 namespace qkmla::impl {
 
@@ -18,6 +19,9 @@ Case kernel_case(const Case& module_case);
 // core/attention_math.hpp with s = alpha_q alpha_k (1 in norm none), softmax and p.c in Acc,
 // latent_out rounded to the stored dtype, lse in Acc.
 // A design (core/design.hpp) may move the p and latent_out rounding points (default SPEC §3's).
-Outputs cpu_kernel(const Case& kernel_case, const std::optional<Design>& d = std::nullopt);
+// A perturbation (a convention a diagnosis tries) changes the latent core only: lse form, scale,
+// split average, visibility.
+Outputs cpu_kernel(const Case& kernel_case, const std::optional<Design>& d = std::nullopt,
+                   const Perturbation& p = {});
 
 }  // namespace qkmla::impl

@@ -54,12 +54,15 @@ Acc round_point(DType d, DType A, Acc x) {
 struct SumOrder {
   bool reverse = false;
   int lanes = 1;
+  int splits = 1;  // attention rows split into this many KV chunks combined by their lse
 };
 inline SumOrder& sum_order() {
   thread_local SumOrder o;
   return o;
 }
-inline bool forward_order() { return !sum_order().reverse && sum_order().lanes == 1; }
+inline bool forward_order() {
+  return !sum_order().reverse && sum_order().lanes == 1 && sum_order().splits == 1;
+}
 
 // sum_{j < n} term(j) in the current order.
 template <class Acc, class Term>
@@ -161,7 +164,8 @@ void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols,
   if (!forward_order()) {  // another order (yardsticks): row by row
     for (int64_t i = 0; i < rows; ++i)
       ordered_accumulate<Acc>(
-          n, cols, [&](int64_t l) { return X[i * n + l]; }, [&](int64_t l) { return W + l * ld; }, Y + i * cols);
+          n, cols, [&](int64_t l) { return X[i * n + l]; }, [&](int64_t l) { return W + l * ld; },
+          Y + i * cols);
     return;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
@@ -184,7 +188,8 @@ Acc softmax(std::vector<Acc>& logits_to_p) {
   Acc m = logits_to_p[0];
   for (Acc l : logits_to_p) m = std::max(m, l);
   for (Acc& l : logits_to_p) l = std::exp(l - m);
-  const Acc sum = ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
+  const Acc sum =
+      ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
   for (Acc& l : logits_to_p) l /= sum;
   return m + std::log(sum);
 }

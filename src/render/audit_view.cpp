@@ -36,6 +36,20 @@ std::string audit_text(const AuditResult& r, bool md) {
     for (const auto& [b, v] : a.per_seq) seqs += fmt::format(" b{}={:.3g}", b, v);
     text += "  rel_l2 per head:" + heads + "\n  rel_l2 per sequence:" + seqs + "\n";
   }
+  if (!r.pass() && r.diagnosis.empty())
+    text +=
+        "\ndiagnosis: no convention tried (qkmla audit --help) matches the outputs better than the "
+        "case's own\n";
+  for (const Match& m : r.diagnosis) {
+    std::string ts;
+    for (const TensorMatch& t : m.tensors)
+      ts += fmt::format("{}{} rel_l2 {:.3g} ({:.3g})", ts.empty() ? "" : ", ", t.tensor, t.rel_l2,
+                        t.rel_l2_case);
+    text += fmt::format("\ndiagnosis: the outputs match the reference under {} ({}): {}",
+                        m.convention, m.what, ts);
+  }
+  if (!r.diagnosis.empty()) text += "\n  (in parentheses: rel_l2 under the case's own conventions)";
+  if (!r.diagnosis.empty()) text += "\n";
   return text + fmt::format("\nverdict: {}\n", r.pass() ? "PASS" : "FAIL");
 }
 
@@ -47,6 +61,13 @@ std::string audit_json(const AuditResult& r) {
   j["missing"] = r.missing;
   j["ignored"] = r.ignored;
   j["designs"] = r.designs;
+  j["diagnosis"] = nlohmann::json::array();
+  for (const Match& m : r.diagnosis) {
+    nlohmann::json ts = nlohmann::json::array();
+    for (const TensorMatch& t : m.tensors)
+      ts.push_back({{"tensor", t.tensor}, {"rel_l2", t.rel_l2}, {"rel_l2_case", t.rel_l2_case}});
+    j["diagnosis"].push_back({{"convention", m.convention}, {"what", m.what}, {"tensors", ts}});
+  }
   for (const TensorAudit& a : r.tensors) {
     const Judged& x = a.j;
     nlohmann::ordered_json t = {{"tensor", x.tensor},

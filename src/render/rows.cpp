@@ -37,7 +37,9 @@ const char* header(Col c) {
     case Col::CosDiff:
       return "cos_diff";
     case Col::Baseline:
-      return "baseline";
+      return "ratio";
+    case Col::VsExplicit:
+      return "vs_explicit";
     case Col::Bound:
       return "bound";
     case Col::Nonfinite:
@@ -78,6 +80,8 @@ std::string cell(const Row& r, Col c, bool precise) {
       return num(r.m.cos_diff);
     case Col::Baseline:
       return num(r.baseline_ratio);
+    case Col::VsExplicit:
+      return num(r.vs_explicit);
     case Col::Bound:
       return num(r.m.bound_ratio);
     case Col::Nonfinite:
@@ -121,6 +125,8 @@ nlohmann::ordered_json rows_json(const std::vector<Row>& rows) {
     j["rel_l2"] = finite_or_null(r.m.rel_l2);
     j["cos_diff"] = finite_or_null(r.m.cos_diff);
     j["baseline_ratio"] = finite_or_null(r.baseline_ratio);
+    j["vs_explicit"] = finite_or_null(r.vs_explicit);
+    j["vs_explicit"] = finite_or_null(r.vs_explicit);
     j["bound_ratio"] = finite_or_null(r.m.bound_ratio);
     j["nonfinite_mismatch"] = r.m.nonfinite_mismatch;
     j["compared"] = r.m.compared;

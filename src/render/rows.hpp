@@ -15,7 +15,8 @@ struct Row {
   std::string impl, profile, tensor;
   std::string label;  // the case (gate), or empty
   Metrics m;
-  double baseline_ratio = std::numeric_limits<double>::quiet_NaN();
+  double baseline_ratio = std::numeric_limits<double>::quiet_NaN();  // against the design's yardstick
+  double vs_explicit = std::numeric_limits<double>::quiet_NaN();     // rel_l2 / cpu.explicit's (report)
   double seconds = 0;
   bool judged = false;  // v holds a verdict
   Verdict v;
@@ -31,6 +32,7 @@ enum class Col {
   RelL2,
   CosDiff,
   Baseline,
+  VsExplicit,
   Bound,
   Nonfinite,
   Seconds,

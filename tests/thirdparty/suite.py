@@ -29,6 +29,16 @@ SCENARIOS = ["normal", "outliers", "tiny_keys", "large_logits"]
 PROFILES = ["fp32", "bf16", "fp16", "fp8"]
 
 
+# The convention each convention bug is (harness/diagnose.hpp names); a FAIL must name it.
+EXPECTED = {
+    "lse_no_scale": "lse=max_unscaled", "scale_bf16": "softmax_scale=bf16", "rope_style_swapped": "rope_style=swapped",
+    "rope_pos_plus1": "rope_pos=+1", "eps_x10": "eps=x10", "eps_div10": "eps=/10", "ms_over_dm1": "rms_mean=d-1",
+    "no_gamma_q": "gamma_cq=missing", "no_gamma_rk": "gamma_rk=missing", "unified_rope_unscaled": "unified_rope=no_alpha_k",
+    "noncausal": "causal=flipped", "fp8_scale_missing": "fp8_scale=missing", "fp8_scale_twice": "fp8_scale=twice",
+    "split_avg": "split=average", "self_excluded": "causal=exclusive",
+}
+
+
 def case_spec(seed):
     """A deterministic case for each seed: it cycles through shapes, scenarios, profiles, S_q and
     the rope conventions, so any window of seeds covers all of them."""
@@ -111,7 +121,7 @@ def one_case(qkmla, work, seed):
             a = audit(qkmla, case, path)
             rows.append(dict(seed=seed, spec={k: v for k, v in spec.items() if k != "args"}, design=design, bug=bug,
                              verdict=a["verdict"], err=err, correct_err=correct_err[design],
-                             diagnosis=a.get("diagnosis", {}),
+                             diagnosis=[d["convention"] for d in a.get("diagnosis", [])],
                              tensors={x["tensor"]: [x["rel_l2"], x["yardstick_rel_l2"], x["baseline_ratio"]] for x in a["tensors"]}))
     for f in os.listdir(d):
         os.remove(os.path.join(d, f))
@@ -157,6 +167,11 @@ def summarize(rows):
         for r in fails[:3]:
             print(f"    false alarm: seed {r['seed']} {r['spec']}: {r['failed']}")
     print("bugs (among audits where the bug's out error is > 10x the correct implementation's):")
+    named = [r for r in rows if r["bug"] in EXPECTED and r["verdict"] == "FAIL"]
+    right = [r for r in named if EXPECTED[r["bug"]] in r["diagnosis"]]
+    print(f"diagnosis: names the bug's convention in {len(right)} of {len(named)} failing audits of convention bugs")
+    for r in [r for r in named if r not in right][:4]:
+        print(f"    missed: {r['bug']} seed {r['seed']} {r['spec']}: diagnosis {r['diagnosis']}")
     for bug in mla_numpy.BUGS:
         rs = [r for r in rows if r["bug"] == bug]
         big = [r for r in rs if large_effect(r)]
