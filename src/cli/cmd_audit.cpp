@@ -37,11 +37,13 @@ Runner add_audit(CLI::App& app, const std::string&) {
                   "what the outputs hold for rows with no visible key: -inf, +inf or nan")
       ->check(CLI::IsMember({"-inf", "+inf", "nan"}))
       ->capture_default_str();
-  cmd->add_option("--form", f->o.form, "the audited implementation's form: absorbed or explicit (picks the yardstick)")
+  cmd->add_option("--form", f->o.form,
+                  "the audited implementation's form: absorbed or explicit (picks the yardstick)")
       ->check(CLI::IsMember({"absorbed", "explicit"}))
       ->capture_default_str();
   cmd->add_option("--design", f->o.design,
-                  "the rounding points of the audited design, e.g. q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32 "
+                  "the rounding points of the audited design, e.g. "
+                  "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32 "
                   "(default: inferred from the delivered dtypes)");
   cmd->add_flag("!--no-diagnose", f->o.diagnose,
                 "on FAIL, do not evaluate the reference under alternative conventions (faster)");

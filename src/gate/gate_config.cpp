@@ -53,7 +53,8 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
   } catch (const toml::parse_error& e) {
     throw InputError(path, "toml", std::string(e.description()));
   }
-  static const std::set<std::string> top = {"ref_bits", "tensors", "baseline_k", "baseline_k_source", "budget", "entry"};
+  static const std::set<std::string> top = {"ref_bits",          "tensors", "baseline_k",
+                                            "baseline_k_source", "budget",  "entry"};
   for (const auto& [key, node] : t)
     if (!top.count(std::string(key.str())))
       throw InputError(path, std::string(key.str()), "unknown key");

@@ -122,7 +122,8 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
   };
   for (const ImplId& id : wanted) {
     const Design d = design_of(id, k.cfg.profile);
-    if (!yardsticks.count(to_string(d))) yardsticks[to_string(d)] = measure_yardstick(k, {d}, truth_of, c.tensors).rel_l2;
+    if (!yardsticks.count(to_string(d)))
+      yardsticks[to_string(d)] = measure_yardstick(k, {d}, truth_of, c.tensors).rel_l2;
   }
   std::vector<ImplId> bounded;  // proven bounds for the cpu.* implementations this entry judges
   for (const ImplId& id : wanted)
@@ -149,8 +150,9 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
     if (std::find(wanted.begin(), wanted.end(), parse_impl_id(o.impl)) == wanted.end()) continue;
     const auto b = bounds.find(o.impl);
     const std::string design = to_string(design_of(parse_impl_id(o.impl), k.cfg.profile));
-    const std::vector<Judged> judged = judge_outputs(c.rule, k, truth, o, c.tensors, yardsticks.at(design),
-                                                     b == bounds.end() ? nullptr : &b->second);
+    const std::vector<Judged> judged =
+        judge_outputs(c.rule, k, truth, o, c.tensors, yardsticks.at(design),
+                      b == bounds.end() ? nullptr : &b->second);
     if (parse_impl_id(o.impl).family ==
         Family::Mutant) {  // one testcase per mutant: ok when the gate kills it
       out.push_back(mutant_case(entry, job, o, judged));

@@ -110,8 +110,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     const bool vector = name == "out" || name == "latent_out" || name == "q_latent";
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
     if (ys.rel_l2.count(name)) in.baseline_rel_l2 = ys.rel_l2.at(name);
-    in.floor =
-        unit_roundoff(dt == DType::I32 ? DType::F64 : dt) / 16;  // of the delivered type (SPEC §5)
+    in.floor = baseline_floor(dt);  // of the delivered type (SPEC §5)
     res.tensors.push_back({judge_tensor(o.rule, in), dt, in.baseline_rel_l2,
                            ys.design_of.count(name) ? ys.design_of.at(name) : "",
                            breakdown(x, *in.y, 2), breakdown(x, *in.y, 0),
@@ -119,7 +118,13 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   }
   for (const std::string& p : primary)
     if (!given.count(p)) res.missing.push_back(p);
-  if (!res.pass() && o.diagnose) res.diagnosis = diagnose(cf.k, given, cf.refs);
+  if (!res.pass() && o.diagnose) {
+    std::map<std::string, double> allowed;  // the rel_l2 each tensor may have and pass
+    for (const TensorAudit& a : res.tensors)
+      allowed[a.j.tensor] = std::max(o.rule.baseline_k, small_sample_k(a.j.samples)) *
+                            std::max(std::isnan(a.yardstick) ? 0.0 : a.yardstick, baseline_floor(a.delivered));
+    res.diagnosis = diagnose(cf.k, given, cf.refs, allowed);
+  }
   if (res.tensors.empty())
     throw InputError(outputs_path, "outputs",
                      "none of the given tensors has a reference in the case (expected " +

@@ -50,7 +50,7 @@ struct Subject {
 // rule's k and must all hold. Each k is widened, for a tensor of few independent samples, to the
 // ratio two correct implementations' rel_l2 can reach by chance: sqrt of the F(n, n) quantile at
 // 1 - kSmallSampleAlpha (proofs/budgets.md). NaN never passes.
-constexpr double kSmallSampleAlpha = 1e-4;
+constexpr double kSmallSampleAlpha = 1e-5;
 double small_sample_k(int64_t samples);
 Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double baseline_ratio,
               int64_t samples);

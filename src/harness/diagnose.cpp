@@ -164,7 +164,8 @@ std::vector<std::string> convention_names() {
 }
 
 std::vector<Match> diagnose(const Case& k, const std::map<std::string, Tensor>& given,
-                            const std::map<std::string, Tensor>& refs, size_t most) {
+                            const std::map<std::string, Tensor>& refs,
+                            const std::map<std::string, double>& allowed, size_t most) {
   std::map<std::string, double> base;  // rel_l2 against the case's own reference
   for (const auto& [t, x] : given)
     if (refs.count("ref." + t) && x.shape == refs.at("ref." + t).shape)
@@ -190,7 +191,8 @@ std::vector<Match> diagnose(const Case& k, const std::map<std::string, Tensor>& 
         m.score = std::min(m.score, e / b);
         farthest = std::max(farthest, e / b);
       }
-      if (m.score <= 0.1 && farthest <= 2) found[n] = std::move(m);  // no tensor farther (2x: noise)
+      if (m.score <= 0.1 && farthest <= 2)
+        found[n] = std::move(m);  // no tensor farther (2x: noise)
     });
   }
   run_parallel(tasks, 2);

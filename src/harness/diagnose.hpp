@@ -30,11 +30,12 @@ struct Match {
 // The names of every convention diagnose() tries (for documentation and tests).
 std::vector<std::string> convention_names();
 
-// Matches, best first (at most `most`): conventions under which no given tensor is farther from
-// the reference than from the case's own, and one is at least 10x closer. `given` holds the judged
-// outputs (lse already converted to the natural log as the audit was asked), `refs` the case's
-// ref.* tensors.
+// Matches, best first (at most `most`): conventions under which every given tensor would pass
+// (rel_l2 within `allowed`, the audit's allowance per tensor) and one is at least 2x closer than
+// to the case's own reference. `given` holds the judged outputs (lse already converted as the
+// audit was asked), `refs` the case's ref.* tensors.
 std::vector<Match> diagnose(const Case& k, const std::map<std::string, Tensor>& given,
-                            const std::map<std::string, Tensor>& refs, size_t most = 3);
+                            const std::map<std::string, Tensor>& refs,
+                            const std::map<std::string, double>& allowed, size_t most = 3);
 
 }  // namespace qkmla

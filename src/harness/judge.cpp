@@ -4,7 +4,9 @@
 
 namespace qkmla {
 
-double baseline_floor(Profile p) { return unit_roundoff(stored_dtype(p)) / 16; }
+double baseline_floor(DType delivered) {
+  return unit_roundoff(delivered == DType::I32 ? DType::F64 : delivered) / 16;
+}
 
 double baseline_ratio(double rel_l2, double baseline_rel_l2, double floor) {
   if (std::isnan(baseline_rel_l2)) return std::nan("");
@@ -13,7 +15,16 @@ double baseline_ratio(double rel_l2, double baseline_rel_l2, double floor) {
 
 int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y) {
   const bool rows = tensor == "out" || tensor == "latent_out" || tensor == "q_latent";
-  return rows && !y.shape.empty() && y.shape.back() > 0 ? compared / y.shape.back() : compared;
+  if (!rows || y.shape.empty() || y.shape.back() <= 0) return compared;
+  const int64_t w = y.shape.back();
+  int64_t n = 0;  // rows that carry a value (a row with no visible key is all zero: no error to sample)
+  for (int64_t r = 0; r < y.numel() / w; ++r)
+    for (int64_t j = 0; j < w; ++j)
+      if (std::isfinite(y[r * w + j]) && y[r * w + j] != 0) {
+        ++n;
+        break;
+      }
+  return n;
 }
 
 Judged judge_tensor(const GateRule& rule, const JudgeInput& in) {
@@ -45,7 +56,7 @@ std::vector<Judged> judge_outputs(const GateRule& rule, const Case& k, const Tru
     in.mask = valid_mask(k, t);
     in.ulp_dtype = in.x->dtype;
     if (baselines.count(t)) in.baseline_rel_l2 = baselines.at(t);
-    in.floor = baseline_floor(c.profile);
+    in.floor = baseline_floor(in.x->dtype);
     in.bound = bound && bound->tensors.count(t) ? &bound->tensors.at(t) : nullptr;
     out.push_back(judge_tensor(rule, in));
   }

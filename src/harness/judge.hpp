@@ -20,12 +20,14 @@ struct Judged {
   Verdict v;
 };
 
-// How many roughly independent errors a tensor's rel_l2 aggregates: its rows for out, latent_out
-// and q_latent (one logit error moves a whole row), its values otherwise.
+// How many roughly independent errors a tensor's rel_l2 aggregates: its non-zero rows for out,
+// latent_out and q_latent (one logit error moves a whole row), its compared values otherwise.
 int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y);
 
-// The floor of the baseline ratio's denominator (SPEC §5): u/16 of the profile's stored dtype.
-double baseline_floor(Profile p);
+// The floor of the baseline ratio's denominator (SPEC §5): u/16 of the type the tensor is computed
+// and delivered in (fp32 for lse and alpha_k in every low-precision profile), so that it only
+// stops a zero yardstick from making every ratio infinite and stays far below real errors.
+double baseline_floor(DType delivered);
 // rel_l2 / max(baseline rel_l2, floor); NaN when the baseline is NaN (none).
 double baseline_ratio(double rel_l2, double baseline_rel_l2, double floor);
 

@@ -20,9 +20,9 @@ using Delivered = std::map<std::string, DType>;
 // Legitimate designs (SPEC §5): for the case's level and `form`, those consistent with the
 // delivered dtypes. Module level, out delivered wider than the stored dtype: the design that
 // computes and delivers everything in the accumulate type (an fp32 kernel). Otherwise out in the
-// delivered dtype and every combination of q_latent, rope parts, P and latent_out in the stored or
-// the accumulate type (16 designs; explicit form: q, rope, keys/values, P). alpha_k in the
-// accumulate type, or bf16 where it is delivered in bf16. Kernel level: P and latent_out likewise.
+// delivered dtype and the two extremes of q_latent, rope parts, P and latent_out: all stored, all
+// in the accumulate type (explicit form: q, rope, keys/values, P); every mix lies between them.
+// alpha_k in the accumulate type, or bf16 where it is delivered in bf16. Kernel level: P likewise.
 std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 
 struct Yardstick {

@@ -5,8 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/attention_math.hpp"
@@ -20,14 +20,16 @@ namespace qkmla::impl {
 // it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
 template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-               int width, std::vector<Acc>& acc, const std::optional<DType>& p_format = std::nullopt);
+               int width, std::vector<Acc>& acc,
+               const std::optional<DType>& p_format = std::nullopt);
 
 // Split-KV (FlashDecoding): the row's tokens in `splits` contiguous chunks, each attended alone
 // (its lse and normalized output in Acc), then combined by lse weights. A yardstick's order
 // (profile_math.hpp), so that a split kernel's rounding of each chunk's lse is sampled too.
 template <class Acc, class Logit, class Value>
-Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value, int width,
-                 std::vector<Acc>& acc, const std::optional<DType>& p_format, int splits) {
+Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
+                 int width, std::vector<Acc>& acc, const std::optional<DType>& p_format,
+                 int splits) {
   using std::exp;
   using std::log;
   std::vector<Acc> lse_s;
@@ -39,8 +41,10 @@ Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const V
     const SumOrder saved = std::exchange(sum_order(), inner);
     for (size_t at = 0; at < n; at += per) {
       o_s.emplace_back();
-      lse_s.push_back(attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(at), tokens.begin() + std::ptrdiff_t(std::min(n, at + per))),
-                                 logit, value, width, o_s.back(), p_format));
+      lse_s.push_back(
+          attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(at),
+                                          tokens.begin() + std::ptrdiff_t(std::min(n, at + per))),
+                     logit, value, width, o_s.back(), p_format));
     }
     sum_order() = saved;
   }

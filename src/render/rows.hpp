@@ -15,8 +15,10 @@ struct Row {
   std::string impl, profile, tensor;
   std::string label;  // the case (gate), or empty
   Metrics m;
-  double baseline_ratio = std::numeric_limits<double>::quiet_NaN();  // against the design's yardstick
-  double vs_explicit = std::numeric_limits<double>::quiet_NaN();     // rel_l2 / cpu.explicit's (report)
+  double baseline_ratio =
+      std::numeric_limits<double>::quiet_NaN();  // against the design's yardstick
+  double vs_explicit =
+      std::numeric_limits<double>::quiet_NaN();  // rel_l2 / cpu.explicit's (report)
   double seconds = 0;
   bool judged = false;  // v holds a verdict
   Verdict v;

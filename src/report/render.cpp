@@ -39,9 +39,9 @@ std::string reference_lines(const Report& r, const char* bullet) {
 }  // namespace
 
 namespace {
-const std::vector<Col> kTableCols = {Col::Impl,    Col::Tensor,  Col::MaxAbs,   Col::MaxUlp,
-                                     Col::RelL2,   Col::CosDiff, Col::Baseline, Col::VsExplicit, Col::Nonfinite,
-                                     Col::Seconds, Col::Worst};
+const std::vector<Col> kTableCols = {Col::Impl,      Col::Tensor,  Col::MaxAbs,   Col::MaxUlp,
+                                     Col::RelL2,     Col::CosDiff, Col::Baseline, Col::VsExplicit,
+                                     Col::Nonfinite, Col::Seconds, Col::Worst};
 }  // namespace
 
 std::string render_table(const Report& r, const std::string& how) {
@@ -102,10 +102,11 @@ std::string render_json(const Report& r, const std::string& how) {
 }
 
 std::string render_csv(const Report& r) {
-  return to_csv(rows_table(r.rows,
-                           {Col::Impl, Col::Profile, Col::Tensor, Col::MaxAbs, Col::MaxUlp,
-                            Col::RelL2, Col::CosDiff, Col::Baseline, Col::VsExplicit, Col::Nonfinite, Col::Seconds},
-                           false, true));
+  return to_csv(
+      rows_table(r.rows,
+                 {Col::Impl, Col::Profile, Col::Tensor, Col::MaxAbs, Col::MaxUlp, Col::RelL2,
+                  Col::CosDiff, Col::Baseline, Col::VsExplicit, Col::Nonfinite, Col::Seconds},
+                 false, true));
 }
 
 }  // namespace qkmla

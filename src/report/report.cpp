@@ -47,7 +47,8 @@ bool wanted(const ImplId& id, const ReportOptions& o) {
 // implementations of the SPEC absorbed design and sample its rounding noise, cpu.explicit and the
 // explicit model the explicit design's; RMS of rel_l2 per tensor. (The gate and audits run the
 // fuller ensemble of harness/yardstick.hpp.)
-std::map<std::string, std::map<std::string, double>> report_yardsticks(const ProfileRun& run, const Truth& truth) {
+std::map<std::string, std::map<std::string, double>> report_yardsticks(const ProfileRun& run,
+                                                                       const Truth& truth) {
   std::map<std::string, std::map<std::string, std::pair<double, int>>> acc;
   for (const Outputs& o : run.impls) {
     const ImplId id = parse_impl_id(o.impl);
@@ -69,23 +70,34 @@ std::map<std::string, std::map<std::string, double>> report_yardsticks(const Pro
 std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRule& rule) {
   std::vector<Row> rows;
   const Profile p = run.k.cfg.profile;
-  std::map<std::string, double> explicit_err;  // tensor -> rel_l2 of cpu.explicit: absorption's cost
+  std::map<std::string, double>
+      explicit_err;  // tensor -> rel_l2 of cpu.explicit: absorption's cost
   for (const Outputs& o : run.impls)
     if (parse_impl_id(o.impl).family == Family::Cpu && parse_impl_id(o.impl).form == Form::Explicit)
       explicit_err = rel_l2_of(run.k, truth, o, kTensors);
   const auto yardsticks = report_yardsticks(run, truth);
   for (const Judged& j : judge_outputs(rule, run.k, truth, truth.absorbed_p, kTensors, {}))
     if (truth.of(j.tensor) != &truth.absorbed_p)  // the equivalence row: measured, not judged
-      rows.push_back({truth.absorbed_p.impl, to_string(p), j.tensor, "", j.m, std::nan(""), std::nan(""),
-                      truth.absorbed_p.seconds, false, {}});
+      rows.push_back({truth.absorbed_p.impl,
+                      to_string(p),
+                      j.tensor,
+                      "",
+                      j.m,
+                      std::nan(""),
+                      std::nan(""),
+                      truth.absorbed_p.seconds,
+                      false,
+                      {}});
   for (const Outputs& o : run.impls) {
     const std::string design = to_string(design_of(parse_impl_id(o.impl), p));
     const std::map<std::string, double> none;
     const auto& ys = yardsticks.count(design) ? yardsticks.at(design) : none;
     for (const Judged& j : judge_outputs(rule, run.k, truth, o, kTensors, ys)) {
-      Row row{o.impl, to_string(p), j.tensor, "", j.m, j.baseline_ratio, std::nan(""), o.seconds, true, j.v};
+      Row row{o.impl,           to_string(p), j.tensor,  "",   j.m,
+              j.baseline_ratio, std::nan(""), o.seconds, true, j.v};
       if (explicit_err.count(j.tensor))
-        row.vs_explicit = baseline_ratio(j.m.rel_l2, explicit_err.at(j.tensor), baseline_floor(p));
+        row.vs_explicit = baseline_ratio(j.m.rel_l2, explicit_err.at(j.tensor),
+                                         baseline_floor(o.tensors.at(j.tensor).dtype));
       rows.push_back(std::move(row));
     }
   }
@@ -98,7 +110,16 @@ void add_quant_rows(Report& rep, const Case& fp8, const Truth& t8, const Truth& 
   ImplId id;
   id.family = Family::Quant, id.profile = Profile::FP8;
   for (const std::string t : {"out", "lse"}) {
-    Row row{to_string(id), to_string(Profile::FP8), t, "", {}, std::nan(""), std::nan(""), 0.0, false, {}};
+    Row row{to_string(id),
+            to_string(Profile::FP8),
+            t,
+            "",
+            {},
+            std::nan(""),
+            std::nan(""),
+            0.0,
+            false,
+            {}};
     row.m = compare(t8.explicit_p.tensors.at(t), t16.explicit_p.tensors.at(t), DType::BF16,
                     valid_mask(fp8, t), &t8.explicit_p.lo.at(t), &t16.explicit_p.lo.at(t));
     rep.rows.push_back(std::move(row));
