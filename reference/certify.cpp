@@ -219,7 +219,7 @@ std::vector<mpq_rational> Certifier::rope_vec(const double* raw, const Tensor* g
       z[size_t(ib)] = a * s + bb * cc;
     }
   };
-  if (c_.norm == NormMode::None) {
+  if (c_.norm == NormMode::None || dr == 0) {  // plain MLA: rotated only; NoPE: nothing to do
     rotate();
     return z;
   }

@@ -122,12 +122,14 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
                        InputError);
 }
 
-TEST_CASE("gate.no_false_alarm_50_seeds") {
+TEST_CASE("gate.no_false_alarm_held_out_seeds") {
   // Every correct implementation passes over 50 seeds x all scenarios x all profiles x both norms
-  // (tiny, 2000 cases, about a minute on 2 cores), the GPU kernels' model included.
+  // (tiny, 2000 cases), the GPU kernels' model included. Seeds 5001-5050: no budget or tolerance
+  // was fitted on them (k was fitted on the third-party suite's seeds 1-300, proofs/budgets.md).
+  // The full held-out run (>= 1000 cases, every shape class) is reports/held_out_gate.sh.
   std::string seeds;
-  for (int s = 1; s <= 50; ++s)
-    seeds += (s > 1 ? "," : "") + std::to_string(s + int(test::seed(0)));
+  for (int s = 5001; s <= 5050; ++s)
+    seeds += (s > 5001 ? "," : "") + std::to_string(s + int(test::seed(0)));
   const std::string text = R"([[entry]]
 name = "no-false-alarm"
 presets = ["tiny"]

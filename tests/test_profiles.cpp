@@ -46,10 +46,14 @@ TEST_CASE("impl.fp64_matches_reference") {
   for (const Row& row : r.rows) {
     CAPTURE(row.impl);
     CAPTURE(row.tensor);
+    // ref.absorbed agrees with ref.explicit to about P = 114 bits (reference.equivalence: >= P -
+    // 16, 2^-98 ~ 3e-30); an fp64 profile implementation is within its forward error bound, which
+    // for these sizes stays below 2^-46 ~ 1.4e-14 relative
+    // (bounds.observed_errors_within_proven_bounds checks the bound itself element by element).
     if (test::starts_with(row.impl, "ref."))
-      CHECK(row.m.rel_l2 < 1e-28);
+      CHECK(row.m.rel_l2 < std::ldexp(1.0, -98));
     else
-      CHECK(row.m.rel_l2 < 1e-14);
+      CHECK(row.m.rel_l2 < std::ldexp(1.0, -46));
     CHECK(row.m.nonfinite_mismatch == 0);
   }
 }
@@ -60,7 +64,9 @@ TEST_CASE("impl.report.reference_agreement") {
   for (const ProfileReference& p : r.references) {
     CHECK(p.bits >= 113);
     CHECK(p.check_bits >= 113 + 64);
-    CHECK(p.agreeing_bits >= 90);  // P = 114 bits; the double-double capture caps it near 106
+    // P = 114 bits; the double-double capture caps what can be measured near 106 (README "Agreeing
+    // bits"); conditioning here costs a few bits at most (reports/report-*.md show 106-110).
+    CHECK(p.agreeing_bits >= 100);
     CHECK(p.agreeing_bits >= p.required_bits);
   }
 }

@@ -7,8 +7,10 @@ namespace qkmla::bounds {
 Units make_units(DType acc) {
   const FloatFormat f = format_of(acc);
   const long double u = std::ldexp(1.0L, -f.precision);
-  return {u, 2 * u, std::ldexp(1.0L, f.emin - f.precision)};
+  return {u, 2 * u, std::ldexp(1.0L, f.emin - f.precision), std::ldexp(1.0L, f.emin)};
 }
+
+EB EB::converted(double x) { return {x, up(std::fabs((long double)x) * units().u)}; }
 
 Units& units() {
   thread_local Units u;  // per thread: the gate bounds several profiles side by side
@@ -46,7 +48,9 @@ EB softmax(std::vector<EB>& l) {
   for (EB& x : l) {
     const long double p = std::exp(x.v - lse);
     const long double eta = x.e + u * R + lf;
-    x = {p, up(p * (std::exp(eta + Hs) * (1 + u) - 1))};  // p^ = e^_t / S^, one division rounding
+    // p^ = e^_t / S^, one division rounding; exp(l - m^) may underflow to a subnormal or 0 (the
+    // relative analysis then fails), which costs at most the smallest normal absolutely (S^ >= 1).
+    x = {p, up(p * (std::exp(eta + Hs) * (1 + u) - 1) + units().tiny)};
   }
   // lse^ = fl(m^ + fl(log S^)): log S^ = log S_m^ + xi, |xi| <= Hs; log adds u_f |log S^|; the
   // final addition u |lse^|.

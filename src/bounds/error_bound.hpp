@@ -15,10 +15,15 @@ namespace qkmla::bounds {
 // exp/log (assumption F: within 1 ulp, so 2u), set before a run (one thread).
 struct Units {
   long double u = 0, u_f = 0;
-  long double eta = 0;  // half the smallest subnormal of the accumulate type (underflow, B.2)
+  long double eta = 0;   // half the smallest subnormal of the accumulate type (underflow, B.2)
+  long double tiny = 0;  // the smallest normal of the accumulate type (exp underflow, B.8)
 };
 Units& units();
 Units make_units(DType accumulate);  // u, u_f = 2u, eta of that format
+
+// Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
+// rounding never makes them smaller than the true bound (B.0).
+inline long double up(long double x) { return x * (1.0L + 0x1p-60L); }
 
 struct EB {
   long double v = 0;  // the exact value this quantity approximates
@@ -28,14 +33,15 @@ struct EB {
   EB(long double value, long double err) : v(value), e(err) {}
   // A run's outputs are written through double(x): what comes out is the bound.
   explicit operator double() const { return double(e); }
+  // A value computed offline in long double and rounded to `rounded`: the long double value is
+  // itself within 2^-63 of the exact one (64-bit significand), so both count.
   static EB rounded_from(long double exact, double rounded) {
-    return {exact, std::fabs((long double)rounded - exact)};
+    return {exact, up(std::fabs((long double)rounded - exact) + std::fabs(exact) * 0x1p-63L)};
   }
+  // A decimal constant of the config (eps, the softmax scale) converted to the accumulate type:
+  // one rounding, u |x|.
+  static EB converted(double x);
 };
-
-// Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
-// rounding never makes them smaller than the true bound (B.0).
-inline long double up(long double x) { return x * (1.0L + 0x1p-60L); }
 
 // B.1 addition and subtraction: |fl(x^ +- y^) - (x +- y)| <= ex + ey + u(|x +- y| + ex + ey).
 inline EB operator+(const EB& a, const EB& b) {

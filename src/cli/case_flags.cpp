@@ -88,7 +88,8 @@ std::set<std::string> apply_file(MlaConfig& c, const std::string& path) {
   std::set<std::string> keys;
   try {
     apply_config_json(c, text);
-    for (const auto& [key, v] : nlohmann::json::parse(text).items()) keys.insert(key);
+    const nlohmann::json j = nlohmann::json::parse(text);  // named: items() must not outlive it
+    for (const auto& [key, v] : j.items()) keys.insert(key);
   } catch (const ConfigError& e) {
     throw InputError(path, e.field, e.what());
   }

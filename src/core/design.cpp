@@ -82,6 +82,12 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
   Design d = spec_design(p, f);
   for (const auto& [k, v] : kv) {
     if (k == "form") continue;
+    if (k == "gains") {
+      if (v != "merged" && v != "runtime")
+        throw ConfigError("design.gains", "expected merged|runtime, got '" + v + "'");
+      d.gains_merged = v == "merged";
+      continue;
+    }
     const DType x = parse_dtype_word(k, v, p);
     if (k == "q_latent" || k == "q")
       d.q = x;
@@ -100,7 +106,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
     else
       throw ConfigError(
           "design." + k,
-          "unknown rounding point (form, q_latent, rope, kv, alpha_k, p, latent_out, out)");
+          "unknown rounding point (form, q_latent, rope, kv, alpha_k, p, latent_out, out, gains)");
   }
   return d;
 }
@@ -111,7 +117,8 @@ std::string to_string(const Design& d) {
   if (d.form == Form::Explicit) s += ",kv=" + dtype_word(d.kv);
   s += ",alpha_k=" + dtype_word(d.alpha_k) + ",p=" + dtype_word(d.p);
   if (d.form != Form::Explicit) s += ",latent_out=" + dtype_word(d.latent_out);
-  return s + ",out=" + dtype_word(d.out);
+  s += ",out=" + dtype_word(d.out);
+  return d.gains_merged ? s + ",gains=merged" : s;
 }
 
 }  // namespace qkmla

@@ -22,9 +22,13 @@ struct Design {
   DType p = DType::F32;           // the probabilities as p.c (p.v) reads them
   DType latent_out = DType::F32;  // absorbed: before the up-projection
   DType out = DType::F32;         // the delivered out
+  // absorbed: gamma_cq (.) gamma_ck merged into WK offline and rounded once to the weight dtype
+  // (SPEC §1.2), one more rounding point than applying the gains at run time.
+  bool gains_merged = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && alpha_k == o.alpha_k &&
-           p == o.p && latent_out == o.latent_out && out == o.out;
+           p == o.p && latent_out == o.latent_out && out == o.out &&
+           gains_merged == o.gains_merged;
   }
 };
 
@@ -36,7 +40,7 @@ Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
 // kv, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the
-// profile's): starts from spec_design(profile, form) and sets the keys given. ConfigError names
+// profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the keys given. ConfigError names
 // the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);

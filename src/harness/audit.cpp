@@ -121,8 +121,9 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   if (!res.pass() && o.diagnose) {
     std::map<std::string, double> allowed;  // the rel_l2 each tensor may have and pass
     for (const TensorAudit& a : res.tensors)
-      allowed[a.j.tensor] = std::max(o.rule.baseline_k, small_sample_k(a.j.samples)) *
-                            std::max(std::isnan(a.yardstick) ? 0.0 : a.yardstick, baseline_floor(a.delivered));
+      allowed[a.j.tensor] =
+          std::max(o.rule.baseline_k, small_sample_k(a.j.samples)) *
+          std::max(std::isnan(a.yardstick) ? 0.0 : a.yardstick, baseline_floor(a.delivered));
     res.diagnosis = diagnose(cf.k, given, cf.refs, allowed);
   }
   if (res.tensors.empty())

@@ -17,7 +17,8 @@ int64_t effective_samples(const std::string& tensor, int64_t compared, const Ten
   const bool rows = tensor == "out" || tensor == "latent_out" || tensor == "q_latent";
   if (!rows || y.shape.empty() || y.shape.back() <= 0) return compared;
   const int64_t w = y.shape.back();
-  int64_t n = 0;  // rows that carry a value (a row with no visible key is all zero: no error to sample)
+  int64_t n =
+      0;  // rows that carry a value (a row with no visible key is all zero: no error to sample)
   for (int64_t r = 0; r < y.numel() / w; ++r)
     for (int64_t j = 0; j < w; ++j)
       if (std::isfinite(y[r * w + j]) && y[r * w + j] != 0) {

@@ -33,6 +33,7 @@ Design design_of(const ImplId& id, Profile p) {
                                                                      : Form::Absorbed;
   Design d = spec_design(p, f);
   if (id.variant == Variant::AlphaKBf16) d.alpha_k = DType::BF16;
+  d.gains_merged = id.variant == Variant::GammaMerged && d.form == Form::Absorbed;
   return d;
 }
 
@@ -68,8 +69,8 @@ namespace {
 std::vector<Variant> sample_variants(const MlaConfig& c, const Design& d) {
   if (c.level != Level::Module || d.form != Form::Absorbed || c.norm == NormMode::None)
     return {Variant::Default};
-  // Not gamma_merged: merging the gains into the weight dtype is one more rounding point, a design
-  // of its own.
+  // Merged gains are one more rounding point (the merged weights), which only gamma_merged has.
+  if (d.gains_merged) return {Variant::GammaMerged};
   return {Variant::Default, Variant::AlphaQFolded, Variant::QNormedFirst};
 }
 

@@ -78,10 +78,11 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
     for (int64_t t = 0; t < T; ++t)
       for (int g = 0; g < G; ++g)
         o.tensors["alpha_k"].at({b, t, g}) = double(lc.alpha_k[size_t(t * G + g)]);
-  const Acc scale = Acc(hook::softmax_scale(p, cf));
+  const Acc scale = constant<Acc>(hook::softmax_scale(p, cf));
   for (int i = 0; i < cf.s_q; ++i)
     for (int h = 0; h < cf.heads; ++h) {
-      const LatentQuery<Acc> q = latent_query(k, b, i, h, s.v, p, wk, wk_merged, Acc(cf.eps), d);
+      const LatentQuery<Acc> q =
+          latent_query(k, b, i, h, s.v, p, wk, wk_merged, constant<Acc>(cf.eps), d);
       if (stats) o.tensors["alpha_q"].at({b, i, h}) = double(q.alpha_q);
       const int g = hook::group_of(p, cf, h);
       std::vector<int64_t> tokens;
@@ -103,7 +104,7 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
 template <class Acc>
 std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) {
   const MlaConfig& cf = k.cfg;
-  const Acc eps = Acc(cf.eps);
+  const Acc eps = constant<Acc>(cf.eps);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const std::vector<Acc> wk_merged = merged_weights<Acc>(k, specs);
   std::vector<Outputs> outs;
@@ -155,6 +156,7 @@ std::vector<Variant> variants_for(Profile p, NormMode norm) {
 }
 
 std::vector<Outputs> cpu_absorbed(const Case& k, const std::vector<AbsorbedSpec>& specs) {
+  if (specs.empty()) return {};
   return accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, specs)
                                                        : run<float>(k, specs);
 }

@@ -115,7 +115,7 @@ template <class Acc>
 Outputs run(const Case& k, const Design& d) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
-  const Acc eps = Acc(c.eps), scale = Acc(c.softmax_scale);
+  const Acc eps = constant<Acc>(c.eps), scale = constant<Acc>(c.softmax_scale);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const bool stats = c.norm != NormMode::None;
   Outputs o;

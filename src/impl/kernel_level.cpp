@@ -29,7 +29,7 @@ Case kernel_case_t(const Case& k) {
   Tensor aq(A, {cf.batch, S, H}), ak(A, {cf.batch, T, G}, nan);
   kc.tensors["seqlens"] = k.get("seqlens");
   for (int b = 0; b < cf.batch; ++b) {
-    const LatentCache<Acc> cache = build_cache(k, b, wk, Acc(cf.eps), Perturbation{}, D);
+    const LatentCache<Acc> cache = build_cache(k, b, wk, constant<Acc>(cf.eps), Perturbation{}, D);
     for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
       for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(cache.c[size_t(t * r + l)]);
       for (int j = 0; j < dr; ++j) kr.at({b, t, j}) = double(cache.rope[size_t(t * dr + j)]);
@@ -38,8 +38,8 @@ Case kernel_case_t(const Case& k) {
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
         const LatentQuery<Acc> q =
-            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk, Acc(cf.eps),
-                         spec_design(cf.profile, Form::Absorbed));
+            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk,
+                         constant<Acc>(cf.eps), spec_design(cf.profile, Form::Absorbed));
         aq.at({b, i, h}) = double(q.alpha_q);
         for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
         for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
@@ -100,11 +100,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
         for (int64_t t = 0; t < T; ++t)
           if (hook::visible(pt, cf, T, i, t)) tokens.push_back(t);
         std::vector<Acc> lat;
-        lse[row] = double(hook::lse_out(
-            pt,
-            latent_attend(cf, q, cache, cf.group_of(h), tokens, Acc(hook::softmax_scale(pt, cf)),
-                          pt, d.p == A ? std::nullopt : std::optional<DType>(d.p), lat),
-            Acc(std::log(2.0))));
+        lse[row] = double(
+            hook::lse_out(pt,
+                          latent_attend(cf, q, cache, cf.group_of(h), tokens,
+                                        constant<Acc>(hook::softmax_scale(pt, cf)), pt,
+                                        d.p == A ? std::nullopt : std::optional<DType>(d.p), lat),
+                          Acc(std::log(2.0))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }

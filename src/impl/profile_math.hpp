@@ -4,12 +4,23 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/case.hpp"
 #include "core/rope.hpp"
 
 namespace qkmla::impl {
+
+// A decimal constant of the config (eps, the softmax scale) in Acc: one rounding, which the
+// error-bound type accounts for (EB::converted).
+template <class Acc>
+Acc constant(double x) {
+  if constexpr (std::is_floating_point_v<Acc>)
+    return Acc(x);
+  else
+    return Acc::converted(x);
+}
 
 template <class Acc>
 std::vector<Acc> to_acc(const Tensor& t) {

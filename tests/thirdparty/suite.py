@@ -135,6 +135,8 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--seeds", default="1-20")
     ap.add_argument("--json")
+    ap.add_argument("--markdown", help="write the kill / false-alarm matrix as Markdown to FILE")
+    ap.add_argument("--how", default="", help="a line saying how the run was made (for --markdown)")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     first, last = map(int, args.seeds.split("-"))
@@ -147,12 +149,41 @@ def main():
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     bad = summarize(rows)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(rows, args.seeds, args.how))
     sys.exit(1 if bad else 0)
 
 
 def large_effect(r):
     """The bug's error on out or lse is more than 10x the correct implementation's (same design, case)."""
     return any(r["err"].get(t, 0) > 10 * max(e, 1e-300) for t, e in r["correct_err"].items())
+
+
+def markdown(rows, seeds, how):
+    """The kill / false-alarm matrix of a run, for reports/."""
+    legit = [r for r in rows if not r["bug"]]
+    cases = len({r["seed"] for r in rows})
+    out = [f"# Third-party audit suite: seeds {seeds} ({cases} cases)", "", how, "",
+           "Every audit ran `qkmla audit` on a golden case and the outputs of the independent NumPy implementation",
+           "(`tests/thirdparty/mla_numpy.py`). A bug is *large* where its `out` or `lse` error exceeds 10x the correct",
+           "implementation's (same design, same case); those must FAIL, legitimate designs must PASS.", "",
+           "## Legitimate designs", "", "| design | audits | pass | largest baseline_ratio |", "|---|---:|---:|---:|"]
+    for design in DESIGNS:
+        rs = [r for r in legit if r["design"] == design]
+        worst = max((v[2] or 0 for r in rs for v in r["tensors"].values()), default=0)
+        out.append(f"| {design} | {len(rs)} | {sum(r['verdict'] == 'PASS' for r in rs)} | {worst:.2f} |")
+    out += ["", "## Bugs", "", "| bug | what | large-effect audits | killed | small-effect audits | killed | diagnosis names it |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for bug, what in mla_numpy.BUGS.items():
+        rs = [r for r in rows if r["bug"] == bug]
+        big = [r for r in rs if large_effect(r)]
+        small = [r for r in rs if r not in big]
+        failing = [r for r in rs if r["verdict"] == "FAIL"]
+        named = "-" if bug not in EXPECTED else f"{sum(EXPECTED[bug] in r['diagnosis'] for r in failing)} / {len(failing)}"
+        out.append(f"| {bug} | {what} | {len(big)} | {sum(r['verdict'] == 'FAIL' for r in big)} | {len(small)} | "
+                   f"{sum(r['verdict'] == 'FAIL' for r in small)} | {named} |")
+    return "\n".join(out) + "\n"
 
 
 def summarize(rows):

@@ -1,0 +1,77 @@
+// judge.*: designs as data (parse and print), the design each registered implementation is judged
+// by, the candidate designs of a third-party audit, and the yardstick sampling the rounding points
+// of the judged design (not only its summation order).
+#include <doctest/doctest.h>
+
+#include "core/design.hpp"
+#include "harness/truth.hpp"
+#include "harness/yardstick.hpp"
+#include "helpers.hpp"
+
+using namespace qkmla;
+
+TEST_CASE("judge.design.parse_and_print_round_trip") {
+  for (Profile p : {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
+    for (const char* text : {"", "q_latent=acc,p=stored", "form=explicit,kv=acc,out=fp32",
+                             "gains=merged,alpha_k=bf16", "latent_out=fp32,gains=runtime"}) {
+      const Design d = parse_design(text, p, Form::Absorbed);
+      CAPTURE(text);
+      CHECK(parse_design(to_string(d), p, Form::Absorbed) == d);
+    }
+  CHECK(parse_design("gains=merged", Profile::BF16, Form::Absorbed).gains_merged);
+  CHECK_FALSE(parse_design("", Profile::BF16, Form::Absorbed).gains_merged);
+  CHECK_THROWS_AS(parse_design("gains=yes", Profile::BF16, Form::Absorbed), ConfigError);
+  CHECK_THROWS_AS(parse_design("q_latent=fp8", Profile::BF16, Form::Absorbed), ConfigError);
+  CHECK_THROWS_AS(parse_design("softmax=fp32", Profile::BF16, Form::Absorbed), ConfigError);
+  CHECK_THROWS_AS(parse_design("q_latent", Profile::BF16, Form::Absorbed), ConfigError);
+}
+
+TEST_CASE("judge.design_of.registered_variants") {
+  const Profile p = Profile::FP16;
+  CHECK(design_of(parse_impl_id("cpu.absorbed.fp16"), p) == spec_design(p, Form::Absorbed));
+  CHECK(design_of(parse_impl_id("cpu.explicit.fp16"), p) == spec_design(p, Form::Explicit));
+  CHECK(design_of(parse_impl_id("cpu.absorbed.fp16.gamma_merged"), p).gains_merged);
+  CHECK_FALSE(design_of(parse_impl_id("cpu.absorbed.fp16.alpha_q_folded"), p).gains_merged);
+  CHECK(design_of(parse_impl_id("cpu.absorbed.bf16.alpha_k_bf16"), Profile::BF16).alpha_k ==
+        DType::BF16);
+}
+
+TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
+  const MlaConfig c = test::tiny_config(Profile::BF16, {0, 9}, 2);
+  // fp32 out: one design, everything in the accumulate type.
+  const auto acc = candidate_designs(c, Form::Absorbed, {{"out", DType::F32}});
+  REQUIRE(acc.size() == 1);
+  CHECK(acc[0] == accumulate_design(Profile::BF16, Form::Absorbed));
+  // bf16 out: the two extremes, out stored in both, alpha_k in fp32 unless delivered in bf16.
+  const auto two = candidate_designs(c, Form::Absorbed, {{"out", DType::BF16}});
+  REQUIRE(two.size() == 2);
+  CHECK(two[0].q == DType::BF16);
+  CHECK(two[1].q == DType::F32);
+  for (const Design& d : two) CHECK((d.out == DType::BF16 && d.alpha_k == DType::F32));
+  const auto bf = candidate_designs(c, Form::Absorbed,
+                                    {{"out", DType::BF16}, {"alpha_k", DType::BF16}});
+  for (const Design& d : bf) CHECK(d.alpha_k == DType::BF16);
+}
+
+// Seed 5023 of the held-out gate seeds: fp16 large logits, where the merged weights' rounding
+// moves out 19x and latent_out 83x further than the run-time gains' yardstick (measured when the
+// yardstick still ignored the merged-gains rounding point). The merged design's yardstick must
+// sample it.
+TEST_CASE("judge.yardstick.samples_the_merged_gains_rounding_point") {
+  MlaConfig c = test::tiny_config(Profile::FP16, {0, 17, 40}, 2, NormMode::Blockwise, 5023);
+  c.scenario = "large_logits";
+  const Case k = generate_case(c);
+  TruthOptions o;
+  o.absorbed = true;
+  const Truth truth = compute_truth(k, o);
+  auto truth_of = [&](const std::string& t) {
+    const Outputs* x = truth.of(t);
+    return x ? &x->tensors.at(t) : nullptr;
+  };
+  Design merged = spec_design(c.profile, Form::Absorbed);
+  merged.gains_merged = true;
+  const auto runtime =
+      measure_yardstick(k, {spec_design(c.profile, Form::Absorbed)}, truth_of, {"latent_out"});
+  const auto with_merged = measure_yardstick(k, {merged}, truth_of, {"latent_out"});
+  CHECK(with_merged.rel_l2.at("latent_out") > 4 * runtime.rel_l2.at("latent_out"));
+}
