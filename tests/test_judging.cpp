@@ -48,8 +48,8 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   CHECK(two[0].q == DType::BF16);
   CHECK(two[1].q == DType::F32);
   for (const Design& d : two) CHECK((d.out == DType::BF16 && d.alpha_k == DType::F32));
-  const auto bf = candidate_designs(c, Form::Absorbed,
-                                    {{"out", DType::BF16}, {"alpha_k", DType::BF16}});
+  const auto bf =
+      candidate_designs(c, Form::Absorbed, {{"out", DType::BF16}, {"alpha_k", DType::BF16}});
   for (const Design& d : bf) CHECK(d.alpha_k == DType::BF16);
 }
 

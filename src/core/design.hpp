@@ -27,8 +27,7 @@ struct Design {
   bool gains_merged = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && alpha_k == o.alpha_k &&
-           p == o.p && latent_out == o.latent_out && out == o.out &&
-           gains_merged == o.gains_merged;
+           p == o.p && latent_out == o.latent_out && out == o.out && gains_merged == o.gains_merged;
   }
 };
 
@@ -40,8 +39,8 @@ Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
 // kv, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the
-// profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the keys given. ConfigError names
-// the key.
+// profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the keys
+// given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
 std::string form_name(Form f);
