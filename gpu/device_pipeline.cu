@@ -76,11 +76,14 @@ GpuOutputs pipeline(const GpuCase& c, const RunOptions& o) {
                 g_k.get<float>(), g_rq.get<float>(), cs.get<float>(), sn.get<float>(), w_uk.get(),
                 q.get(), qrope.get(), alpha_q.get<float>()});
   QK_CUDA(cudaGetLastError());
-  append_kernel<D, C><<<dim3(unsigned(d.t_max), unsigned(d.B)), 256>>>(
-      AppendArgs{d, ex, seq.get<int>(), bt.get<int>(), pg.max_pages, kv.get(),
-                 kv_scale.get<float>(), k_pe.get<float>(), g_k.get<float>(), g_rk.get<float>(),
-                 cs.get<float>(), sn.get<float>(), w_uk.get(), w_uv.get(), kcache.get(),
-                 vcache.get(), rope.get(), kscale.get<float>(), alpha_k.get<float>()});
+  // A grid with a zero dimension is an invalid launch: with no token in any sequence there is
+  // nothing to append (and every row is empty).
+  if (d.t_max > 0 && d.B > 0)
+    append_kernel<D, C><<<dim3(unsigned(d.t_max), unsigned(d.B)), 256>>>(
+        AppendArgs{d, ex, seq.get<int>(), bt.get<int>(), pg.max_pages, kv.get(),
+                   kv_scale.get<float>(), k_pe.get<float>(), g_k.get<float>(), g_rk.get<float>(),
+                   cs.get<float>(), sn.get<float>(), w_uk.get(), w_uv.get(), kcache.get(),
+                   vcache.get(), rope.get(), kscale.get<float>(), alpha_k.get<float>()});
   QK_CUDA(cudaGetLastError());
   EventTimer timer;
   timer.start();

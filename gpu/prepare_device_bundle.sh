@@ -8,10 +8,18 @@ cd "$(dirname "$0")/.."
 W=build-device-work B=build-device
 cmake -S . -B "$W" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON > /dev/null
 touch gpu/device_pipeline.cu gpu/bench.cu  # recompile the kernels so that their ptxas summary is captured
-cmake --build "$W" -j2 --target qkmla gpu_device_tests 2>&1 | grep -A3 "ptxas info    : Compiling" > "$W/ptxas.txt" || true
-rm -rf "$B" && mkdir -p "$B/src" "$B/tests" "$B/lib"
+rm -rf "$B"  # no stale bundle survives a failed build
+# The whole build log is kept: a failed build stops here (set -e) and shows the compiler's errors.
+if ! cmake --build "$W" -j2 --target qkmla gpu_device_tests > "$W/build.log" 2>&1; then
+  tail -40 "$W/build.log" >&2
+  echo "prepare_device_bundle: build failed (log: $W/build.log); no bundle made" >&2
+  exit 1
+fi
+grep -A3 "ptxas info    : Compiling" "$W/build.log" > "$W/ptxas.txt" ||
+  { echo "prepare_device_bundle: no ptxas summary in the build log" >&2; exit 1; }
+mkdir -p "$B/src" "$B/tests" "$B/lib"
 cp "$W/src/qkmla" "$B/src/" && cp "$W/tests/gpu_device_tests" "$B/tests/" && cp "$W/ptxas.txt" "$B/"
-git describe --always --dirty --abbrev=12 > "$B/COMMIT"
+git describe --always --dirty --abbrev=12 > "$B/COMMIT"  # -dirty: the bundle is not a commit's
 for bin in "$B/src/qkmla" "$B/tests/gpu_device_tests"; do
   ldd "$bin" | awk '/=> \// {print $3}' | grep -v -E '/lib(c|m|pthread|dl|rt)\.so|/ld-linux' |
     xargs -r -I{} cp -L {} "$B/lib/"

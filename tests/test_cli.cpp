@@ -1,5 +1,7 @@
 // cli.*: the qkmla binary end to end: output, JSON shape, exit codes on bad flags.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "core/presets.hpp"
 #include "gpu/qkmla_gpu.hpp"
+#include "harness/resources.hpp"
 #include "impl/gpu_impl.hpp"
 #include "impl/kernel_level.hpp"
 #include "io/case_io.hpp"
@@ -421,4 +425,66 @@ TEST_CASE("cli.golden_audit.fp8_module_and_kernel_level") {
   r = run("audit " + dir + "/k.safetensors " + dir + "/ko.safetensors");
   CAPTURE(r.out);
   CHECK(r.code == 0);
+}
+
+// Requests too big for the machine are refused before any allocation, naming the size needed,
+// what is available, and the flag that reduces it; absurd sizes are refused by the config check.
+TEST_CASE("cli.resource_limits_refused_with_what_would_fit") {
+  const Run big = run("report --profile bf16 --seqlen 3000000");
+  CAPTURE(big.out);
+  CHECK(big.code == 2);
+  CHECK(big.out.find("too big: this report needs about") != std::string::npos);
+  CHECK(big.out.find("available") != std::string::npos);
+  CHECK(big.out.find("--seqlen") != std::string::npos);
+  const Run profiles = run("report --preset tiny --batch 100000000");
+  CAPTURE(profiles.out);
+  CHECK(profiles.code == 2);
+  CHECK(profiles.out.find("5 cases at once") != std::string::npos);
+  CHECK(profiles.out.find("--profile (one profile at a time") != std::string::npos);
+  const Run limited = run_raw("ulimit -v 4000000; " + std::string(QKMLA_BINARY) +
+                              " report --profile bf16 --seqlen 60000");
+  CAPTURE(limited.out);
+  CHECK(limited.code == 2);
+  CHECK(limited.out.find("ulimit -v") != std::string::npos);
+  const Run absurd = run("golden --preset tiny --batch 2000000000 --seqlen 100000 -o /dev/null");
+  CAPTURE(absurd.out);
+  CHECK(absurd.code == 2);
+  CHECK(absurd.out.find("more than 2^46") != std::string::npos);
+  for (const char* cmd : {"golden --preset tiny --seqlen 2000000000 -o /dev/null",
+                          "certify --preset deepseek-v3 --seqlen 90000000",
+                          "converge --preset tiny --seqlen 900000000"}) {
+    const Run r = run(cmd);
+    CAPTURE(cmd);
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("too big") != std::string::npos);
+  }
+}
+
+// The memory model (harness/resources.cpp) against the peak RSS of one child (wait4's rusage): it
+// must not underestimate, and stay within 3x (a model that says 100x would refuse what fits).
+TEST_CASE("cli.resource_model_bounds_the_measured_peak") {
+  qkmla::MlaConfig c = qkmla::config_for(qkmla::find_preset("tiny"), 1);
+  c.batch = 60, c.seqlens.assign(60, 512), c.profile = qkmla::Profile::BF16;
+  c.set_default_scale();
+  const double predicted = qkmla::case_peak_bytes(c);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1), dup2(devnull, 2);
+    execl(QKMLA_BINARY, QKMLA_BINARY, "report", "--preset", "tiny", "--batch", "60", "--seqlen",
+          "512", "--profile", "bf16", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const double measured = double(ru.ru_maxrss) * 1024;  // Linux: kilobytes
+  CAPTURE(predicted);
+  CAPTURE(measured);
+  CHECK(predicted >= measured);
+  CHECK(predicted <= 3 * measured);
 }

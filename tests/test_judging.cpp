@@ -37,17 +37,22 @@ TEST_CASE("judge.design_of.registered_variants") {
 }
 
 TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
-  const MlaConfig c = test::tiny_config(Profile::BF16, {0, 9}, 2);
+  MlaConfig c = test::tiny_config(Profile::BF16, {0, 9}, 2);  // 8 non-empty rows: a small case
   // fp32 out: one design, everything in the accumulate type.
   const auto acc = candidate_designs(c, Form::Absorbed, {{"out", DType::F32}});
   REQUIRE(acc.size() == 1);
   CHECK(acc[0] == accumulate_design(Profile::BF16, Form::Absorbed));
-  // bf16 out: the two extremes, out stored in both, alpha_k in fp32 unless delivered in bf16.
+  // bf16 out, small case: every combination of q_latent, rope, p, latent_out in bf16 or fp32.
+  const auto all = candidate_designs(c, Form::Absorbed, {{"out", DType::BF16}});
+  CHECK(all.size() == 16);
+  for (const Design& d : all) CHECK((d.out == DType::BF16 && d.alpha_k == DType::F32));
+  // Many rows: the two extremes.
+  c.seqlens = {0, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+  c.batch = int(c.seqlens.size());
   const auto two = candidate_designs(c, Form::Absorbed, {{"out", DType::BF16}});
   REQUIRE(two.size() == 2);
-  CHECK(two[0].q == DType::BF16);
-  CHECK(two[1].q == DType::F32);
-  for (const Design& d : two) CHECK((d.out == DType::BF16 && d.alpha_k == DType::F32));
+  CHECK((two[0].q == DType::BF16 && two[0].p == DType::BF16 && two[0].latent_out == DType::BF16));
+  CHECK((two[1].q == DType::F32 && two[1].p == DType::F32 && two[1].latent_out == DType::F32));
   const auto bf =
       candidate_designs(c, Form::Absorbed, {{"out", DType::BF16}, {"alpha_k", DType::BF16}});
   for (const Design& d : bf) CHECK(d.alpha_k == DType::BF16);

@@ -43,8 +43,9 @@ Runner add_audit(CLI::App& app, const std::string&) {
       ->capture_default_str();
   cmd->add_option("--design", f->o.design,
                   "the rounding points of the audited design, e.g. "
-                  "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32 "
-                  "(default: inferred from the delivered dtypes)");
+                  "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
+                  "the gains are merged into w_uk offline (default: inferred from the delivered "
+                  "dtypes, gains applied at run time)");
   cmd->add_flag("!--no-diagnose", f->o.diagnose,
                 "on FAIL, do not evaluate the reference under alternative conventions (faster)");
   cmd->add_option("--budgets", f->budgets, "budget overrides (TOML: baseline_k, [[budget]])")

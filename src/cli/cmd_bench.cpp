@@ -25,9 +25,13 @@ std::string render(const std::vector<gpu::BenchRow>& rows, const std::string& ho
   std::string s = md ? "# qkmla bench\n\n" : "qkmla bench\n";
   s += fmt::format(
       "{}device: {}; {}\n{}shape: batch {}, H {}, G {}, r {}, d_c {}, d_r {}, bf16 cache, S_q 1; "
-      "{} warm-up + {} timed repetitions per row, CUDA events around decode + combine\n",
+      "{} warm-up + {} timed repetitions per row, CUDA events around decode + combine, L2 "
+      "flushed before each (a 2x-L2 memset)\n{}bytes counted for GB/s: the latent cache (r + d_r "
+      "bf16 values per token) and alpha_k (G fp32 per token), each read once; not counted: the "
+      "query, the block table and the fp32 split partials (B x H x splits x (r + 1) floats, "
+      "written once and read once)\n",
       md ? "- " : "", device, how, md ? "- " : "", o.batch, o.heads, o.groups, o.r, o.d_c, o.d_r,
-      o.warmup, o.reps);
+      o.warmup, o.reps, md ? "- " : "");
   s += md ? "\n| context | ms QK-norm | spread | ms plain | spread | overhead % | GB/s | of 4.8 "
             "TB/s | cache MB | +alpha_k MB |\n|---|---|---|---|---|---|---|---|---|---|\n"
           : fmt::format("{:>8} {:>11} {:>7} {:>9} {:>7} {:>10} {:>8} {:>8} {:>10} {:>11}\n",

@@ -10,6 +10,7 @@
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
 #include "core/generator.hpp"
+#include "harness/resources.hpp"
 #include "impl/mutants.hpp"
 #include "reference/certify.hpp"
 
@@ -34,6 +35,7 @@ Runner add_certify(CLI::App& app, const std::string& command_line) {
     MlaConfig cfg = build_config(f->c, 256);
     cfg.profile = build_profiles(f->c, {Profile::BF16}).at(0);
     const Perturbation p = f->mutant.empty() ? Perturbation{} : impl::find_mutant(f->mutant).p;
+    require_memory({cfg}, "this case", "a shorter --seqlen or a smaller shape");
     const Case k = generate_case(cfg);
     const auto t0 = std::chrono::steady_clock::now();
     const ref::CertifyResult r = ref::certify(k, p);

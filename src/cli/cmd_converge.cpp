@@ -7,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
 #include "harness/converge.hpp"
+#include "harness/resources.hpp"
 #include "render/converge_view.hpp"
 
 namespace qkmla::cli {
@@ -42,6 +43,7 @@ Runner add_converge(CLI::App& app, const std::string& command_line) {
     if (f->c.seqlen) f->c.seqlens.clear();  // --seqlen given: one sequence, not the default batch
     MlaConfig base = build_config(f->c, 40);
     base.profile = build_profiles(f->c, {Profile::BF16}).at(0);
+    require_memory({base}, "this case", "a shorter --seqlen or a smaller shape");
     const ConvergeResult r = run_converge(base, f->bits);
     const std::string how = provenance(command_line, 1);
     const std::string text =

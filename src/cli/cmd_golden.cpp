@@ -11,6 +11,7 @@
 #include "core/generator.hpp"
 #include "harness/golden.hpp"
 #include "harness/inputs.hpp"
+#include "harness/resources.hpp"
 #include "io/case_io.hpp"
 
 namespace qkmla::cli {
@@ -41,6 +42,8 @@ Case module_case(const GoldenFlags& f, std::map<std::string, std::string>& metad
     throw ConfigError("profile",
                       "golden writes one profile (got " + std::to_string(ps.size()) + ")");
   cfg.profile = ps[0];
+  require_memory({cfg}, "this case",
+                 "a shorter --seqlen, fewer --batch sequences or a smaller shape");
   return generate_case(cfg);
 }
 

@@ -1,14 +1,19 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
 #include "core/presets.hpp"
+#include "harness/resources.hpp"
+#include "io/safetensors.hpp"
+#include "report/charts.hpp"
 #include "report/report.hpp"
 
 namespace qkmla::cli {
@@ -62,8 +67,27 @@ struct ReportFlags {
   int ref_bits = 113;
   int check_bits = 0;
   int threads = 2;
-  std::string format = "table", output;
+  std::string format = "table", output, plot;
+  ReportView view;
 };
+
+// The charts as SVG documents (drawn to `path`, or to a temporary file for HTML only).
+std::vector<std::string> charts(const Report& r, const std::string& path, bool want) {
+  if (path.empty() && !want) return {};
+  const std::string where = path.empty() ? (std::filesystem::temp_directory_path() /
+                                            ("qkmla-report-" + std::to_string(::getpid()) + ".svg"))
+                                               .string()
+                                         : path;
+  if (std::string err = write_report_charts(r, where); !err.empty())
+    throw InputError(where, "plot", err);
+  std::vector<std::string> svgs;
+  for (const std::string& f : chart_paths(where)) {
+    std::ifstream in(f);
+    svgs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (path.empty()) std::filesystem::remove(f);
+  }
+  return svgs;
+}
 }  // namespace
 
 Runner add_report(CLI::App& app, const std::string& command_line) {
@@ -80,9 +104,16 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--threads", f->threads, "worker threads")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  cmd->add_option("--format", f->format, "table|md|json|csv")
-      ->check(CLI::IsMember({"table", "md", "json", "csv"}))
+  cmd->add_option("--format", f->format, "table|md|html|json|csv (html: one self-contained file)")
+      ->check(CLI::IsMember({"table", "md", "html", "json", "csv"}))
       ->capture_default_str();
+  cmd->add_flag("--wide", f->view.wide,
+                "every column (max_abs, cos_diff, bound, nonfinite, seconds, worst element)");
+  cmd->add_flag("--worst-first", f->view.worst_first,
+                "within each profile, the rows with the largest ratio first");
+  cmd->add_option("--plot", f->plot,
+                  "draw rel_l2 of out and lse by implementation and profile: FILE.svg and "
+                  "FILE-lse.svg (gnuplot)");
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
   return [f, command_line] {
     ReportOptions opts;
@@ -95,17 +126,27 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
     opts.threads = f->threads;
     if (isatty(2))
       opts.progress = [](const std::string& s) { std::cerr << "[qkmla] " << s << "\n"; };
+    std::vector<MlaConfig> at_once;  // the report holds every profile's case and truth at once
+    for (Profile p : opts.profiles) at_once.push_back(opts.cfg), at_once.back().profile = p;
+    require_memory(at_once, "this report",
+                   at_once.size() > 1 ? "--profile (one profile at a time: " +
+                                            human_bytes(case_peak_bytes(opts.cfg)) +
+                                            "), a shorter --seqlen or fewer --batch sequences"
+                                      : "a shorter --seqlen or fewer --batch sequences");
     const Report r = run_report(opts);
     const std::string how = provenance(command_line, opts.threads);
+    const std::vector<std::string> svgs = charts(r, f->plot, f->format == "html");
     std::string text;
     if (f->format == "json")
       text = render_json(r, how);
     else if (f->format == "md")
-      text = render_markdown(r, how);
+      text = render_markdown(r, how, f->view);
+    else if (f->format == "html")
+      text = render_html(r, how, f->view, svgs);
     else if (f->format == "csv")
       text = render_csv(r);
     else
-      text = render_table(r, how);
+      text = render_table(r, how, f->view);
     if (const int rc = write_output(text, f->output)) return rc;
     if (!r.reference_ok()) {
       std::cerr

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/config.hpp"
+#include "harness/resources.hpp"
 #include "io/safetensors.hpp"
 
 using namespace qkmla;
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const InputError& e) {
     std::cerr << "qkmla: bad input: " << e.what() << "\n";
+    return 2;
+  } catch (const ResourceError& e) {
+    std::cerr << "qkmla: too big: " << e.what() << "\n";
     return 2;
   } catch (const std::invalid_argument& e) {  // e.g. a shape the GPU kernels do not support
     std::cerr << "qkmla: " << e.what() << "\n";

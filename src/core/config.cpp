@@ -102,6 +102,17 @@ void MlaConfig::validate() const {
                                        ": must be 0 or >= s_q = " + std::to_string(s_q) +
                                        " (the cache holds the query tokens)");
   }
+  // Absurd sizes are refused here, before any element count can overflow (the memory estimate of
+  // harness/resources.hpp judges what is merely too big for this machine).
+  const double tokens = double(batch) * (double(max_seqlen()) + 2),
+               rows = double(batch) * s_q * heads;
+  const double widest = std::max({double(latent_rank) + d_r, double(d_c) + d_r, double(d_v)});
+  if (tokens * widest * groups > 0x1p46 || rows * widest > 0x1p46 ||
+      double(latent_rank) * groups * std::max(d_c, d_v) > 0x1p46)
+    throw ConfigError(
+        "batch", "the case would hold more than 2^46 (7e13) values in one tensor (batch " +
+                     std::to_string(batch) + ", longest sequence " + std::to_string(max_seqlen()) +
+                     "): far beyond any machine");
   if (!std::isfinite(eps) || eps < 0 || (eps == 0 && !allow_zero_eps))
     throw ConfigError("eps", "must be finite and > 0 (eps = 0 needs \"allow_zero_eps\": true)");
   if (!std::isfinite(softmax_scale) || softmax_scale <= 0)

@@ -182,13 +182,14 @@ std::vector<Match> diagnose(const Case& k, const std::map<std::string, Tensor>& 
       if (!conventions()[n].edit(alt)) return;
       const Outputs o = kernel ? impl::cpu_kernel(alt, std::nullopt, cv.p)
                                : impl::cpu_absorbed(alt, {{Variant::Default, cv.p, {}}})[0];
-      Match m{cv.name, cv.what, {}, 1.0};
+      Match m{cv.name, cv.what, {}, 1.0, true};
       double farthest = 0;
       for (const auto& [t, b] : base) {
         if (!o.tensors.count(t) || !(b > 0)) continue;
         const double e = rel_l2_of(given.at(t), o.tensors.at(t), k, t);
         m.tensors.push_back({t, e, b});
         m.score = std::min(m.score, e / b);
+        m.would_pass = m.would_pass && (!allowed.count(t) || e <= allowed.at(t));
         farthest = std::max(farthest, e / b);
       }
       if (m.score <= 0.1 && farthest <= 2)

@@ -24,16 +24,18 @@ struct Match {
   std::string convention;  // e.g. "rope_style=swapped"
   std::string what;        // one line: the mistake it stands for
   std::vector<TensorMatch> tensors;
-  double score = 0;  // the largest rel_l2 / rel_l2_case over the tensors (smaller: better)
+  double score = 0;         // the smallest rel_l2 / rel_l2_case over the tensors (smaller: better)
+  bool would_pass = false;  // every tensor's rel_l2 under the convention within its allowance
 };
 
 // The names of every convention diagnose() tries (for documentation and tests).
 std::vector<std::string> convention_names();
 
-// Matches, best first (at most `most`): conventions under which every given tensor would pass
-// (rel_l2 within `allowed`, the audit's allowance per tensor) and one is at least 2x closer than
-// to the case's own reference. `given` holds the judged outputs (lse already converted as the
-// audit was asked), `refs` the case's ref.* tensors.
+// Matches, best first (at most `most`): conventions under which one given tensor is at least 10x
+// closer than to the case's own reference and none is farther than 2x (noise). `would_pass` says
+// whether every tensor would also pass the audit's allowance (`allowed`, rel_l2 per tensor) under
+// the convention. `given` holds the judged outputs (lse already converted as the audit was asked),
+// `refs` the case's ref.* tensors.
 std::vector<Match> diagnose(const Case& k, const std::map<std::string, Tensor>& given,
                             const std::map<std::string, Tensor>& refs,
                             const std::map<std::string, double>& allowed, size_t most = 3);

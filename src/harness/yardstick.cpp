@@ -15,14 +15,30 @@ namespace {
 
 bool wider(DType a, DType b) { return format_of(a).precision > format_of(b).precision; }
 
-// The two extremes of the listed rounding points: every one stored (the most rounding a
-// legitimate design does) and every one kept in the accumulate type. Any mix lies between them, so
-// the larger yardstick of the two covers it.
-std::vector<Design> extremes(const Design& base, const std::vector<DType Design::*>& points,
-                             DType D, DType A) {
-  Design lo = base, hi = base;
-  for (DType Design::*p : points) hi.*p = D, lo.*p = A;
-  return hi == lo ? std::vector<Design>{hi} : std::vector<Design>{hi, lo};
+// Designs over the listed rounding points, each stored (D) or kept in the accumulate type (A).
+// `lattice`: every combination (2^n), for small cases; otherwise the two extremes, every point
+// stored (the most rounding a legitimate design does) and none. Over many rows a mix's RMS error
+// lies between the extremes', so they cover it; over a few rows one ill-conditioned row (a near
+// tie of large logits) can dominate, and a mix may round that tie differently from both.
+std::vector<Design> designs_over(const Design& base, const std::vector<DType Design::*>& points,
+                                 DType D, DType A, bool lattice) {
+  std::vector<Design> out;
+  const size_t n = points.size();
+  for (size_t mask = 0; mask < (size_t(1) << n); ++mask) {
+    if (!lattice && mask != 0 && mask + 1 != (size_t(1) << n)) continue;
+    Design d = base;
+    for (size_t i = 0; i < n; ++i) d.*points[i] = (mask >> i & 1) ? A : D;
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  }
+  return out;
+}
+
+// Few enough row x token logits that one row can dominate a tensor's rel_l2 (and that running
+// the whole lattice costs well under a second): every non-empty row's share is >= 1/64.
+bool small_case(const MlaConfig& c) {
+  int64_t rows = 0;
+  for (int t : c.seqlens) rows += t > 0 ? int64_t(c.s_q) * c.heads : 0;
+  return rows <= 64;
 }
 
 }  // namespace
@@ -45,7 +61,7 @@ std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Deliv
   if (c.level == Level::Kernel) {
     Design base = spec_design(c.profile, Form::Kernel);
     base.latent_out = wider(given("latent_out", D), D) ? A : D;
-    return extremes(base, {&Design::p}, D, A);
+    return designs_over(base, {&Design::p}, D, A, true);
   }
   const DType out = given("out", D);
   Design base = spec_design(c.profile, form == Form::Explicit ? Form::Explicit : Form::Absorbed);
@@ -56,9 +72,11 @@ std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Deliv
     return {d};
   }
   base.out = out;
+  const bool lattice = small_case(c);
   if (form == Form::Explicit)
-    return extremes(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A);
-  return extremes(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A);
+    return designs_over(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A, lattice);
+  return designs_over(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A,
+                      lattice);
 }
 
 namespace {

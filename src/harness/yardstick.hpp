@@ -20,9 +20,12 @@ using Delivered = std::map<std::string, DType>;
 // Legitimate designs (SPEC §5): for the case's level and `form`, those consistent with the
 // delivered dtypes. Module level, out delivered wider than the stored dtype: the design that
 // computes and delivers everything in the accumulate type (an fp32 kernel). Otherwise out in the
-// delivered dtype and the two extremes of q_latent, rope parts, P and latent_out: all stored, all
-// in the accumulate type (explicit form: q, rope, keys/values, P); every mix lies between them.
-// alpha_k in the accumulate type, or bf16 where it is delivered in bf16. Kernel level: P likewise.
+// delivered dtype and q_latent, rope parts, P and latent_out (explicit form: q, rope, keys/values,
+// P) each stored or in the accumulate type: every combination when the case has at most 64
+// non-empty rows (one ill-conditioned row can dominate there, and a mix can round a near tie
+// differently from both extremes), else the two extremes, all stored and none, whose RMS errors
+// bracket every mix over many rows. alpha_k in the accumulate type, or bf16 where it is delivered
+// in bf16. Kernel level: P likewise.
 std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 
 struct Yardstick {

@@ -45,8 +45,9 @@ std::string audit_text(const AuditResult& r, bool md) {
     for (const TensorMatch& t : m.tensors)
       ts += fmt::format("{}{} rel_l2 {:.3g} ({:.3g})", ts.empty() ? "" : ", ", t.tensor, t.rel_l2,
                         t.rel_l2_case);
-    text += fmt::format("\ndiagnosis: the outputs match the reference under {} ({}): {}",
-                        m.convention, m.what, ts);
+    text += fmt::format("\ndiagnosis: the outputs match the reference under {} ({}): {}{}",
+                        m.convention, m.what, ts,
+                        m.would_pass ? "; every tensor would pass under it" : "");
   }
   if (!r.diagnosis.empty()) text += "\n  (in parentheses: rel_l2 under the case's own conventions)";
   if (!r.diagnosis.empty()) text += "\n";
@@ -66,7 +67,10 @@ std::string audit_json(const AuditResult& r) {
     nlohmann::json ts = nlohmann::json::array();
     for (const TensorMatch& t : m.tensors)
       ts.push_back({{"tensor", t.tensor}, {"rel_l2", t.rel_l2}, {"rel_l2_case", t.rel_l2_case}});
-    j["diagnosis"].push_back({{"convention", m.convention}, {"what", m.what}, {"tensors", ts}});
+    j["diagnosis"].push_back({{"convention", m.convention},
+                              {"what", m.what},
+                              {"would_pass", m.would_pass},
+                              {"tensors", ts}});
   }
   for (const TensorAudit& a : r.tensors) {
     const Judged& x = a.j;

@@ -126,7 +126,6 @@ nlohmann::ordered_json rows_json(const std::vector<Row>& rows) {
     j["cos_diff"] = finite_or_null(r.m.cos_diff);
     j["baseline_ratio"] = finite_or_null(r.baseline_ratio);
     j["vs_explicit"] = finite_or_null(r.vs_explicit);
-    j["vs_explicit"] = finite_or_null(r.vs_explicit);
     j["bound_ratio"] = finite_or_null(r.m.bound_ratio);
     j["nonfinite_mismatch"] = r.m.nonfinite_mismatch;
     j["compared"] = r.m.compared;

@@ -93,4 +93,51 @@ std::string to_csv(const Table& t) {
   return s;
 }
 
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
+    }
+  return o;
+}
+
+std::string to_html(const Table& t) {
+  auto head = [&] {
+    std::string s = "<table>\n<tr>";
+    for (const std::string& h : t.header) s += "<th>" + html_escape(h) + "</th>";
+    return s + "</tr>\n";
+  };
+  std::string s = t.sections.empty() || t.sections.front().first != 0 ? head() : "";
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    const std::string title = section_at(t, r);
+    if (!title.empty())
+      s += std::string(r ? "</table>\n" : "") + "<h3>" + html_escape(title) + "</h3>\n" + head();
+    s += "<tr>";
+    for (size_t c = 0; c < t.rows[r].size(); ++c) {
+      const std::string& cell = t.rows[r][c];
+      const bool right = c < t.numeric.size() && t.numeric[c];
+      s += std::string("<td") +
+           (cell == "FAIL" ? " class=\"fail\""
+            : right        ? " class=\"n\""
+                           : "") +
+           ">" + html_escape(cell) + "</td>";
+    }
+    s += "</tr>\n";
+  }
+  return s + "</table>\n";
+}
+
 }  // namespace qkmla

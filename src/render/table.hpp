@@ -1,5 +1,6 @@
 // The printers every command uses: one neutral table (header, rows of cells, optional sections)
-// rendered as aligned text for people, Markdown for CI pages and reports/, CSV for machines.
+// rendered as aligned text for people, Markdown for CI pages and reports/, HTML for CI artifacts,
+// CSV for machines.
 #pragma once
 #include <string>
 #include <vector>
@@ -17,6 +18,10 @@ struct Table {
 std::string to_text(const Table& t);
 std::string to_markdown(const Table& t, const std::string& section_prefix = "## ");
 std::string to_csv(const Table& t);
+// HTML tables (one per section, each after an <h3> title), cells escaped; FAIL cells marked with
+// class "fail".
+std::string to_html(const Table& t);
+std::string html_escape(const std::string& s);
 
 // Numbers for people: 3 significant digits, "-" for NaN, "0" for zero.
 std::string num(double v);

@@ -42,9 +42,20 @@ struct Report {
 
 Report run_report(const ReportOptions& opts);
 
-// Renderers. `how` says how the report was made (command, commit, compiler, flags).
-std::string render_table(const Report& r, const std::string& how);
-std::string render_markdown(const Report& r, const std::string& how);
+// How the tables look: the default columns (implementation, tensor, rel_l2, max_ulp, ratio,
+// vs_explicit, verdict) or every column (`wide`); rows in registry order or, within each profile,
+// the largest ratio first (`worst_first`).
+struct ReportView {
+  bool wide = false;
+  bool worst_first = false;
+};
+
+// Renderers; each starts with the summary (report/summary.hpp). `how` says how the report was
+// made (command, commit, compiler, flags). `svgs`: charts to inline in the HTML (SVG documents).
+std::string render_table(const Report& r, const std::string& how, const ReportView& v = {});
+std::string render_markdown(const Report& r, const std::string& how, const ReportView& v = {});
+std::string render_html(const Report& r, const std::string& how, const ReportView& v,
+                        const std::vector<std::string>& svgs);
 std::string render_json(const Report& r, const std::string& how);
 std::string render_csv(const Report& r);
 

@@ -4,8 +4,10 @@ independent NumPy implementation (mla_numpy.py: must PASS) and every plausible b
 wherever its effect is far beyond rounding). Prints a kill / false-alarm matrix; --json writes
 every verdict.
 
-usage: suite.py QKMLA_BINARY WORK_DIR --seeds FIRST-LAST [--json FILE] [--jobs N] [--quick]
-Exit 1 when a legitimate design fails or a bug with a large effect passes."""
+usage: suite.py QKMLA_BINARY WORK_DIR --seeds FIRST-LAST [--json FILE] [--markdown FILE] [--jobs N]
+                [--min-named FRACTION]
+Exit 1 when a legitimate design fails, a bug with a large effect passes, or the diagnosis names
+the convention of fewer than FRACTION of the failing convention-bug audits."""
 import argparse
 import concurrent.futures
 import json
@@ -106,7 +108,7 @@ def one_case(qkmla, work, seed):
         res = mla_numpy.Run(case, design).run()
         mla_numpy.save(res, path)
         correct_err[design] = errors(res)
-        a = audit(qkmla, case, path)
+        a = audit(qkmla, case, path, ["--form", "explicit"] if design == "explicit" else [])  # as its author would say
         rows.append(dict(seed=seed, spec={k: v for k, v in spec.items() if k != "args"}, design=design, bug="",
                          verdict=a["verdict"], err=correct_err[design], failed=[f for x in a["tensors"] for f in x["failed"]],
                          tensors={x["tensor"]: [x["rel_l2"], x["yardstick_rel_l2"], x["baseline_ratio"]] for x in a["tensors"]}))
@@ -138,6 +140,8 @@ def main():
     ap.add_argument("--markdown", help="write the kill / false-alarm matrix as Markdown to FILE")
     ap.add_argument("--how", default="", help="a line saying how the run was made (for --markdown)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--min-named", type=float, default=0.0,
+                    help="fail when the diagnosis names the convention of fewer failing convention-bug audits")
     args = ap.parse_args()
     first, last = map(int, args.seeds.split("-"))
     rows = []
@@ -148,7 +152,7 @@ def main():
         with open(args.json, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    bad = summarize(rows)
+    bad = summarize(rows, args.min_named)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(rows, args.seeds, args.how))
@@ -173,20 +177,22 @@ def markdown(rows, seeds, how):
         rs = [r for r in legit if r["design"] == design]
         worst = max((v[2] or 0 for r in rs for v in r["tensors"].values()), default=0)
         out.append(f"| {design} | {len(rs)} | {sum(r['verdict'] == 'PASS' for r in rs)} | {worst:.2f} |")
-    out += ["", "## Bugs", "", "| bug | what | large-effect audits | killed | small-effect audits | killed | diagnosis names it |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    out += ["", "## Bugs", "",
+            "| bug | what | large-effect audits | killed | smallest largest-ratio of those | small-effect audits | killed | diagnosis names it |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for bug, what in mla_numpy.BUGS.items():
         rs = [r for r in rows if r["bug"] == bug]
         big = [r for r in rs if large_effect(r)]
         small = [r for r in rs if r not in big]
         failing = [r for r in rs if r["verdict"] == "FAIL"]
         named = "-" if bug not in EXPECTED else f"{sum(EXPECTED[bug] in r['diagnosis'] for r in failing)} / {len(failing)}"
-        out.append(f"| {bug} | {what} | {len(big)} | {sum(r['verdict'] == 'FAIL' for r in big)} | {len(small)} | "
-                   f"{sum(r['verdict'] == 'FAIL' for r in small)} | {named} |")
+        weakest = min((max((v[2] or 0) for v in r["tensors"].values()) for r in big), default=float("nan"))
+        out.append(f"| {bug} | {what} | {len(big)} | {sum(r['verdict'] == 'FAIL' for r in big)} | {weakest:.3g} | "
+                   f"{len(small)} | {sum(r['verdict'] == 'FAIL' for r in small)} | {named} |")
     return "\n".join(out) + "\n"
 
 
-def summarize(rows):
+def summarize(rows, min_named=0.0):
     bad = 0
     legit = [r for r in rows if not r["bug"]]
     print(f"legitimate designs: {sum(r['verdict'] == 'PASS' for r in legit)} of {len(legit)} audits pass")
@@ -203,6 +209,9 @@ def summarize(rows):
     print(f"diagnosis: names the bug's convention in {len(right)} of {len(named)} failing audits of convention bugs")
     for r in [r for r in named if r not in right][:4]:
         print(f"    missed: {r['bug']} seed {r['seed']} {r['spec']}: diagnosis {r['diagnosis']}")
+    if named and len(right) < min_named * len(named):
+        print(f"  fewer than {min_named:.0%} named")
+        bad += 1
     for bug in mla_numpy.BUGS:
         rs = [r for r in rows if r["bug"] == bug]
         big = [r for r in rs if large_effect(r)]

@@ -1,0 +1,34 @@
+// Memory a request needs, estimated before anything is allocated, and what the machine allows.
+// A request that does not fit is refused with the size needed, what is available, and the flag that
+// would reduce it (exit 2), instead of failing later in an allocation with no context.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace qkmla {
+
+// Refusal: what was too big and what would fit. Exit code 2.
+struct ResourceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Peak bytes to hold one case and compute its truth and CPU implementations: a model fitted to
+// peak RSS measured on this machine (see resources.cpp; the reference's exact key/value products,
+// ~41-46 bytes per value, dominate).
+double case_peak_bytes(const MlaConfig& c);
+
+// Bytes this process may still allocate: the smallest of MemAvailable (/proc/meminfo), the cgroup
+// v2 limit left (memory.max - memory.current) and RLIMIT_AS / RLIMIT_DATA left; `source` names the
+// one that binds.
+double available_bytes(std::string* source);
+
+// Throws ResourceError when the cases held at the same time do not fit. `reduce` says how to need
+// less (e.g. "--profile one at a time, a shorter --seqlen or a smaller --batch").
+void require_memory(const std::vector<MlaConfig>& at_once, const std::string& what,
+                    const std::string& reduce);
+
+std::string human_bytes(double b);  // "5.3 GB"
+
+}  // namespace qkmla

@@ -1,0 +1,153 @@
+#include "report/summary.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "harness/impl_id.hpp"
+#include "render/rows.hpp"
+
+namespace qkmla {
+
+namespace {
+
+// The implementation's name without its profile: cpu.absorbed.bf16.gamma_merged -> gamma_merged
+// within the profile's own lines.
+std::string short_name(const std::string& impl, const std::string& profile) {
+  const std::string mid = "." + profile;
+  const size_t at = impl.find(mid);
+  if (at == std::string::npos) return impl;
+  std::string s = impl.substr(0, at) + impl.substr(at + mid.size());
+  return s;
+}
+
+bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+// Shorter still, for the summary's columns: cpu.absorbed.bf16.gamma_merged ->
+// absorbed.gamma_merged.
+std::string brief(const std::string& impl, const std::string& profile) {
+  const std::string s = short_name(impl, profile);
+  return starts(s, "cpu.") ? s.substr(4) : s;
+}
+
+std::string conclusion(const ProfileSummary& s) {
+  std::string head = s.profile + ": ";
+  if (s.explicit_out > 0 && s.absorbed_out > 0)
+    head += fmt::format("absorbed out error {:.2f}x explicit's ({:.2e} vs {:.2e}); ",
+                        s.absorbed_out / s.explicit_out, s.absorbed_out, s.explicit_out);
+  else if (s.explicit_out == 0 && s.absorbed_out == 0 && s.judged > 0)
+    head += "absorbed and explicit out both exact; ";
+  if (s.failed.empty()) return head + fmt::format("all {} implementations pass", s.judged);
+  std::string f;
+  for (const std::string& n : s.failed) f += (f.empty() ? "" : ", ") + n;
+  return head + fmt::format("{} of {} FAIL: {}", s.failed.size(), s.judged, f);
+}
+
+}  // namespace
+
+std::vector<ProfileSummary> summarize(const Report& r) {
+  std::vector<ProfileSummary> out;
+  for (const ProfileReference& ref : r.references) {
+    ProfileSummary s;
+    s.profile = ref.profile;
+    s.agreeing_bits = ref.agreeing_bits, s.required_bits = ref.required_bits;
+    double equiv = 0;
+    std::map<std::string, bool> pass;  // implementation -> every row passes
+    std::vector<std::string> order;
+    for (const Row& row : r.rows) {
+      if (row.profile != s.profile) continue;
+      if (row.impl == "ref.absorbed") equiv = std::max(equiv, row.m.rel_l2);
+      const std::string name = short_name(row.impl, s.profile);
+      if (row.tensor == "out" && name == "cpu.absorbed") s.absorbed_out = row.m.rel_l2;
+      if (row.tensor == "out" && name == "cpu.explicit") s.explicit_out = row.m.rel_l2;
+      if (!row.judged) continue;
+      if (!pass.count(row.impl)) order.push_back(row.impl), pass[row.impl] = true;
+      pass[row.impl] = pass[row.impl] && row.v.pass;
+      if (std::isnan(row.baseline_ratio)) continue;
+      WorstRow* w = nullptr;
+      for (WorstRow& x : s.worst)
+        if (x.tensor == row.tensor) w = &x;
+      if (!w) s.worst.push_back({row.tensor, "", -1}), w = &s.worst.back();
+      if (row.baseline_ratio > w->ratio) w->impl = row.impl, w->ratio = row.baseline_ratio;
+    }
+    s.equivalence_bits = equiv > 0 ? -std::log2(equiv) : std::numeric_limits<double>::infinity();
+    s.judged = int(order.size());
+    for (const std::string& impl : order)
+      if (pass[impl])
+        ++s.passed;
+      else
+        s.failed.push_back(short_name(impl, s.profile));
+    s.conclusion = conclusion(s);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string gpu_status(const Report& r) {
+  for (const std::string& n : r.notes)
+    if (starts(n, "no CUDA device"))  // the reason is in the notes
+      return "GPU: no kernel ran (no CUDA device); gpu.model rows are the kernels' CPU model";
+  std::string s;
+  int compared = 0, identical = 0;
+  for (const std::string& n : r.notes)
+    if (starts(n, "gpu.") && n.find(" vs ") != std::string::npos) {
+      ++compared;
+      identical += n.find("bit-identical") != std::string::npos;
+    }
+  for (const std::string& n : r.notes)
+    if (starts(n, "GPU run failed")) return "GPU: " + n;
+  if (compared)
+    return fmt::format("GPU: kernels ran; {} of {} kernel/model pairs bit-identical", identical,
+                       compared);
+  return "GPU: no kernel rows in this report";
+}
+
+std::string summary_text(const Report& r) {
+  const std::vector<ProfileSummary> all = summarize(r);
+  std::string s =
+      "summary: verdicts by the gate rule and budgets (as `qkmla gate`); ratio = rel_l2 over the\n"
+      "yardstick of the row's design; equivalence = bits on which ref.absorbed equals "
+      "ref.explicit\n";
+  s += fmt::format("  {:<7}{:>9}{:>13}{:>7}  {:<30}{}\n", "profile", "ref bits", "equivalence",
+                   "pass", "worst out (ratio)", "worst lse (ratio)");
+  auto worst = [](const ProfileSummary& p, const char* t) {
+    for (const WorstRow& w : p.worst)
+      if (w.tensor == t) return fmt::format("{} {:.2f}", brief(w.impl, p.profile), w.ratio);
+    return std::string("-");
+  };
+  for (const ProfileSummary& p : all) {
+    const std::string eq =
+        std::isinf(p.equivalence_bits) ? "exact" : fmt::format("{:.1f}", p.equivalence_bits);
+    s += fmt::format("  {:<7}{:>9.1f}{:>13}{:>7}  {:<30}{}\n", p.profile, p.agreeing_bits, eq,
+                     fmt::format("{}/{}", p.passed, p.judged), worst(p, "out"), worst(p, "lse"));
+  }
+  s += "  " + gpu_status(r) + "\n";
+  for (const ProfileSummary& p : all) s += "  " + p.conclusion + "\n";
+  return s;
+}
+
+nlohmann::ordered_json summary_json(const Report& r) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const ProfileSummary& p : summarize(r)) {
+    nlohmann::ordered_json worst = nlohmann::ordered_json::array();
+    for (const WorstRow& w : p.worst)
+      worst.push_back({{"tensor", w.tensor}, {"impl", w.impl}, {"baseline_ratio", w.ratio}});
+    a.push_back({{"profile", p.profile},
+                 {"agreeing_bits", p.agreeing_bits},
+                 {"required_bits", p.required_bits},
+                 {"equivalence_bits", finite_or_null(p.equivalence_bits)},
+                 {"worst", worst},
+                 {"implementations", p.judged},
+                 {"passed", p.passed},
+                 {"failed", p.failed},
+                 {"absorbed_out_rel_l2", p.absorbed_out},
+                 {"explicit_out_rel_l2", p.explicit_out},
+                 {"conclusion", p.conclusion}});
+  }
+  return {{"profiles", a}, {"gpu", gpu_status(r)}};
+}
+
+}  // namespace qkmla
