@@ -436,7 +436,7 @@ TEST_CASE("cli.resource_limits_refused_with_what_would_fit") {
   CHECK(big.out.find("too big: this report needs about") != std::string::npos);
   CHECK(big.out.find("available") != std::string::npos);
   CHECK(big.out.find("--seqlen") != std::string::npos);
-  const Run profiles = run("report --preset tiny --batch 100000000");
+  const Run profiles = run("report --preset tiny --batch 1000000");
   CAPTURE(profiles.out);
   CHECK(profiles.code == 2);
   CHECK(profiles.out.find("5 cases at once") != std::string::npos);
@@ -446,10 +446,14 @@ TEST_CASE("cli.resource_limits_refused_with_what_would_fit") {
   CAPTURE(limited.out);
   CHECK(limited.code == 2);
   CHECK(limited.out.find("ulimit -v") != std::string::npos);
-  const Run absurd = run("golden --preset tiny --batch 2000000000 --seqlen 100000 -o /dev/null");
+  const Run absurd = run("golden --preset tiny --batch 16000000 --seqlen 2000000000 -o /dev/null");
   CAPTURE(absurd.out);
   CHECK(absurd.code == 2);
   CHECK(absurd.out.find("more than 2^46") != std::string::npos);
+  const Run batch = run("golden --preset tiny --batch 2000000000 -o /dev/null");
+  CAPTURE(batch.out);
+  CHECK(batch.code == 2);
+  CHECK(batch.out.find("at most 16777216 sequences") != std::string::npos);
   for (const char* cmd : {"golden --preset tiny --seqlen 2000000000 -o /dev/null",
                           "certify --preset deepseek-v3 --seqlen 90000000",
                           "converge --preset tiny --seqlen 900000000"}) {

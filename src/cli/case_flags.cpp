@@ -116,6 +116,9 @@ MlaConfig build_config(const CaseFlags& f, int default_seqlen) {
                                      std::to_string(f.seqlens.size()) + " entries of --seqlens");
     c.seqlens = f.seqlens;
   } else if (f.batch || f.seqlen || f.config_file.empty()) {
+    if (f.batch && *f.batch > kMaxBatch)  // before a vector of that many lengths is allocated
+      throw ConfigError("batch", "--batch " + std::to_string(*f.batch) + ": at most " +
+                                     std::to_string(kMaxBatch) + " sequences");
     const int t = f.seqlen.value_or(c.seqlens.empty() ? default_seqlen : c.seqlens[0]);
     c.seqlens.assign(size_t(f.batch.value_or(f.config_file.empty() ? 1 : int(c.seqlens.size()))),
                      t);

@@ -91,6 +91,9 @@ void MlaConfig::validate() const {
   if (d_r < 0 || d_r % 2 != 0)
     throw ConfigError("d_r", "must be even and >= 0 (rotation pairs), got " + std::to_string(d_r));
   positive("batch", batch);
+  if (batch > kMaxBatch)
+    throw ConfigError("batch", "at most " + std::to_string(kMaxBatch) + " sequences, got " +
+                                   std::to_string(batch));
   positive("s_q", s_q);
   if (int(seqlens.size()) != batch)
     throw ConfigError("seqlens", "has " + std::to_string(seqlens.size()) + " entries, batch is " +

@@ -22,6 +22,10 @@ struct ConfigError : std::runtime_error {
       : std::runtime_error(f + ": " + msg), field(std::move(f)) {}
 };
 
+// The most sequences a case may have: 2^24, far beyond any decode batch; a larger --batch is
+// refused before its per-sequence lengths are even allocated.
+constexpr int kMaxBatch = 1 << 24;
+
 struct MlaConfig {
   int heads = 16, groups = 16, latent_rank = 512, d_c = 128, d_r = 64, d_v = 128;
   int batch = 1, s_q = 1;
