@@ -21,6 +21,7 @@ ALLOWED = {
     "src/render": {"core", "io", "metrics", "harness"},
     "src/report": {"core", "io", "metrics", "harness", "render", "gpu"},
     "src/gate": {"core", "io", "metrics", "harness", "render"},
+    "src/api": {"core", "io", "metrics", "harness", "render", "report", "gate"},
     "src/cli": {"core", "io", "metrics", "reference", "impl", "bounds", "gpu", "harness", "render", "report", "gate"},
 }
 # The one header gpu/ shares with src/ (device code: C++17, no dependencies).

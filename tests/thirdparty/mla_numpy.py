@@ -67,6 +67,8 @@ def rnd(x, dtype):
 
 def rms_inv(z, eps, bug):
     d = z.shape[-1]
+    if d == 0:  # NoPE: no rope part to normalize (the statistic is never used)
+        return np.ones(z.shape[:-1], F32)
     ms = np.sum(z * z, axis=-1, dtype=F32) / F32(d - 1 if bug == "ms_over_dm1" else d)
     e = F32(eps * (10 if bug == "eps_x10" else 0.1 if bug == "eps_div10" else 1))
     return F32(1) / np.sqrt(ms + e)

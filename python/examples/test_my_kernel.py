@@ -1,0 +1,70 @@
+"""How a kernel's own pytest suite uses qkmla: a golden case per parameter set, the kernel's outputs
+audited, `assert_pass()` so that a failure shows qkmla's whole table. "The kernel" here is the
+independent NumPy implementation of tests/thirdparty/mla_numpy.py (it shares no code with qkmla's
+C++); `test_a_perturbed_kernel_fails` is the same kernel with a bug (queries rotated one position
+off), which must fail with the diagnosis naming it.
+
+Run: pytest python/examples/test_my_kernel.py (with `pip install ./python` done)."""
+import os
+import sys
+
+import pytest
+
+import qkmla
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "thirdparty"))
+import mla_numpy  # noqa: E402  (the kernel under test)
+
+SHAPES = {  # name -> golden() keyword arguments
+    "paper-shape-g8": dict(preset="paper-g8", seqlens=[0, 20]),
+    "nope": dict(preset="tiny-nope", seqlens=[0, 12, 30]),
+    "one-group": dict(preset="tiny-g1", seqlens=[5, 30]),
+    "plain-mla": dict(preset="tiny", norm="none", seqlens=[3, 25]),
+}
+
+
+def my_kernel(case, tmp_path, bug=""):
+    """Runs the kernel on the case's inputs; returns its outputs (numpy arrays)."""
+    path = tmp_path / "case.safetensors"
+    case.save(path)
+    return mla_numpy.Run(str(path), "stored_out", bug).run()
+
+
+@pytest.mark.parametrize("profile", ["fp32", "bf16", "fp16", "fp8"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_my_kernel_matches_the_reference(profile, shape, tmp_path):
+    case = qkmla.golden(profile=profile, sq=2, seed=7, **SHAPES[shape])
+    res = my_kernel(case, tmp_path)
+    verdict = qkmla.audit(case, out=res["out"], lse=res["lse"], label=f"numpy_{shape}")
+    verdict.assert_pass()
+    assert {r["tensor"] for r in verdict.rows} == {"out", "lse"}
+
+
+def test_a_perturbed_kernel_fails(tmp_path):
+    case = qkmla.golden(preset="tiny", profile="bf16", seqlens=[0, 37, 50], sq=2, seed=3)
+    res = my_kernel(case, tmp_path, bug="rope_pos_plus1")
+    verdict = qkmla.audit(case, out=res["out"], lse=res["lse"], label="numpy_buggy")
+    assert not verdict.passed
+    assert "rope_pos=+1" in verdict.diagnosis
+    with pytest.raises(AssertionError) as failure:
+        verdict.assert_pass()
+    print(failure.value)  # what pytest would show: the CLI's table, verdict and diagnosis
+    assert "verdict: FAIL" in str(failure.value)
+
+
+def test_inputs_of_my_own(tmp_path):
+    """The user's own tensors (here: a generated case's, with the gains replaced) as a case."""
+    base = qkmla.golden(preset="tiny", profile="fp32", seqlens=[9], sq=1, seed=5)
+    inputs = dict(base.inputs)
+    inputs["gamma_cq"] = (inputs["gamma_cq"] * 2).astype(inputs["gamma_cq"].dtype)
+    case = qkmla.golden(inputs=inputs)
+    assert case.config["profile"] == "fp32"
+    assert not (case.ref["out"] == base.ref["out"]).all()
+    res = my_kernel(case, tmp_path)
+    qkmla.audit(case, out=res["out"], lse=res["lse"]).assert_pass()
+
+
+def test_bad_arrays_are_refused():
+    case = qkmla.golden(preset="tiny", profile="bf16", seqlens=[9])
+    with pytest.raises(qkmla.QkmlaError, match="shape"):
+        qkmla.audit(case, out=case.ref["out"][..., :3].astype("float32"))
