@@ -83,12 +83,11 @@ PYBIND11_MODULE(_qkmla, m) {
     }
     py::list rows;
     for (const auto& r : v.rows)
-      rows.append(py::dict(py::arg("tensor") = r.tensor, py::arg("passed") = r.passed,
-                           py::arg("rel_l2") = r.rel_l2, py::arg("max_ulp") = r.max_ulp,
-                           py::arg("baseline_ratio") = r.baseline_ratio,
-                           py::arg("yardstick") = r.yardstick,
-                           py::arg("nonfinite_mismatch") = r.nonfinite_mismatch,
-                           py::arg("failed") = r.failed));
+      rows.append(py::dict(
+          py::arg("tensor") = r.tensor, py::arg("passed") = r.passed, py::arg("rel_l2") = r.rel_l2,
+          py::arg("max_ulp") = r.max_ulp, py::arg("baseline_ratio") = r.baseline_ratio,
+          py::arg("yardstick") = r.yardstick, py::arg("nonfinite_mismatch") = r.nonfinite_mismatch,
+          py::arg("failed") = r.failed));
     return py::dict(py::arg("passed") = v.passed, py::arg("rows") = rows,
                     py::arg("diagnosis") = v.diagnosis, py::arg("missing") = v.missing,
                     py::arg("table") = v.table, py::arg("json") = v.json);

@@ -183,7 +183,8 @@ Verdict audit(const GoldenCase& c, const std::map<std::string, Array>& outputs,
     ao.label = o.label, ao.lse_base = o.lse_base, ao.empty_lse = o.empty_lse;
     ao.form = o.form, ao.design = o.design, ao.diagnose = o.diagnose;
     ao.rule = default_rule();
-    const AuditResult r = run_audit(Access::of(c).file, "<case>", std::move(given), "<outputs>", ao);
+    const AuditResult r =
+        run_audit(Access::of(c).file, "<case>", std::move(given), "<outputs>", ao);
     Verdict v;
     v.passed = r.pass();
     for (const TensorAudit& a : r.tensors)

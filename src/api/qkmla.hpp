@@ -36,8 +36,8 @@ struct CaseOptions {
 
 class GoldenCase {
  public:
-  std::string config_json() const;          // SPEC §9 keys
-  std::vector<std::string> names() const;   // inputs first, then ref.*
+  std::string config_json() const;         // SPEC §9 keys
+  std::vector<std::string> names() const;  // inputs first, then ref.*
   Array tensor(const std::string& name) const;
   std::map<std::string, std::string> metadata() const;
   void save(const std::string& path) const;  // safetensors, as `qkmla golden -o` writes it

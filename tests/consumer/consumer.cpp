@@ -1,8 +1,7 @@
 // install.consumer: golden case, audit of its own reference outputs (must pass) and of a copy with
 // one head's output scaled by 1 + 2^-6 (must fail), through the installed public API only.
-#include <qkmla/qkmla.hpp>
-
 #include <cstdio>
+#include <qkmla/qkmla.hpp>
 #include <stdexcept>
 
 int main() {
@@ -21,7 +20,8 @@ int main() {
   std::printf("reference outputs (fp32): %s\n", good.passed ? "PASS" : "FAIL");
   const int64_t d_v = out.shape.back(), heads = out.shape[2];
   for (size_t i = 0; i < out.values.size(); ++i)
-    if ((int64_t(i) / d_v) % heads == 1) out.values[i] = double(float(out.values[i] * (1 + 0x1p-6)));
+    if ((int64_t(i) / d_v) % heads == 1)
+      out.values[i] = double(float(out.values[i] * (1 + 0x1p-6)));
   const qkmla::api::Verdict bad = qkmla::api::audit(c, {{"out", out}, {"lse", lse}});
   std::printf("head 1 scaled by 1 + 2^-6: %s\n", bad.passed ? "PASS" : "FAIL");
   if (!good.passed) std::printf("%s", good.table.c_str());
