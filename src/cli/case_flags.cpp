@@ -91,7 +91,7 @@ std::set<std::string> apply_file(MlaConfig& c, const std::string& path) {
     const nlohmann::json j = nlohmann::json::parse(text);  // named: items() must not outlive it
     for (const auto& [key, v] : j.items()) keys.insert(key);
   } catch (const ConfigError& e) {
-    throw InputError(path, e.field, e.what());
+    throw InputError(path, e.field, e.problem);
   }
   return keys;
 }

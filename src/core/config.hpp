@@ -18,8 +18,9 @@ enum class Level { Module, Kernel };
 // A rule broken by a config or case; `field` names what is wrong (a config key or a tensor).
 struct ConfigError : std::runtime_error {
   std::string field;
+  std::string problem;  // the message without the field (what() is "field: problem")
   ConfigError(std::string f, const std::string& msg)
-      : std::runtime_error(f + ": " + msg), field(std::move(f)) {}
+      : std::runtime_error(f + ": " + msg), field(std::move(f)), problem(msg) {}
 };
 
 // The most sequences a case may have: 2^24, far beyond any decode batch; a larger --batch is

@@ -129,7 +129,7 @@ InputsCase case_from_inputs(const InputsRequest& r) {
     c.set_default_scale();
     c.validate();
   } catch (const ConfigError& e) {
-    throw InputError(r.path, e.field, e.what());
+    throw InputError(r.path, e.field, e.problem);
   }
   for (auto& [name, t] : f.tensors)
     if (name.rfind("ref.", 0) != 0) out.k.tensors[name] = std::move(t);
@@ -147,7 +147,7 @@ InputsCase case_from_inputs(const InputsRequest& r) {
   try {
     validate_case(out.k);
   } catch (const ConfigError& e) {
-    throw InputError(r.path, e.field, e.what());
+    throw InputError(r.path, e.field, e.problem);
   }
   attach_latent(out.k);
   out.metadata["qkmla.inputs"] = nlohmann::json{

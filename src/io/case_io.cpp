@@ -16,7 +16,7 @@ CaseFile read_case(const std::string& path) {
   try {
     out.k.cfg = config_from_json(f.metadata["qkmla.config"]);
   } catch (const ConfigError& e) {
-    throw InputError(path, "qkmla.config." + e.field, e.what());
+    throw InputError(path, "qkmla.config." + e.field, e.problem);
   }
   for (auto& [name, t] : f.tensors) {
     if (name.rfind("ref.", 0) == 0)
@@ -28,7 +28,7 @@ CaseFile read_case(const std::string& path) {
   try {
     validate_case(out.k);
   } catch (const ConfigError& e) {
-    throw InputError(path, e.field, e.what());
+    throw InputError(path, e.field, e.problem);
   }
   attach_latent(out.k);
   return out;
