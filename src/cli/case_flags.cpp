@@ -1,7 +1,5 @@
 #include "cli/case_flags.hpp"
 
-#include <toml++/toml.h>
-
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -10,6 +8,7 @@
 #include "core/generator.hpp"
 #include "core/presets.hpp"
 #include "io/safetensors.hpp"
+#include "io/toml_text.hpp"
 
 namespace qkmla::cli {
 
@@ -71,13 +70,9 @@ std::string config_file_json(const std::string& path) {
   if (!in) throw InputError(path, "file", "cannot be opened");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   if (path.size() < 5 || path.compare(path.size() - 5, 5, ".toml") != 0) return text;
-  try {
-    std::ostringstream json;
-    json << toml::json_formatter{toml::parse(text, path)};
-    return json.str();
-  } catch (const toml::parse_error& e) {
-    throw InputError(path, "toml", std::string(e.description()));
-  }
+  std::ostringstream json;
+  json << toml::json_formatter{parse_toml(text, path)};
+  return json.str();
 }
 
 namespace {

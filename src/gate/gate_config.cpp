@@ -1,13 +1,13 @@
 #include "gate/gate_config.hpp"
 
 #include <fmt/format.h>
-#include <toml++/toml.h>
 
 #include <fstream>
 #include <set>
 
 #include "core/presets.hpp"
 #include "io/safetensors.hpp"
+#include "io/toml_text.hpp"
 
 namespace qkmla {
 
@@ -47,12 +47,7 @@ const std::string& default_gate_config_text() {
 }
 
 GateConfig parse_gate_config_text(const std::string& text, const std::string& path) {
-  toml::table t;
-  try {
-    t = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    throw InputError(path, "toml", std::string(e.description()));
-  }
+  const toml::table t = parse_toml(text, path);
   static const std::set<std::string> top = {"ref_bits",          "tensors", "baseline_k",
                                             "baseline_k_source", "budget",  "entry"};
   for (const auto& [key, node] : t)

@@ -1,7 +1,6 @@
 #include "harness/budgets.hpp"
 
 #include <fmt/format.h>
-#include <toml++/toml.h>
 
 #include <boost/math/distributions/fisher_f.hpp>
 #include <cmath>
@@ -10,6 +9,7 @@
 
 #include "harness/impl_id.hpp"
 #include "io/safetensors.hpp"
+#include "io/toml_text.hpp"
 
 namespace qkmla {
 
@@ -68,12 +68,7 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path, "file", "cannot be opened");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  toml::table t;
-  try {
-    t = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    throw InputError(path, "toml", std::string(e.description()));
-  }
+  const toml::table t = parse_toml(text, path);
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     if (k != "baseline_k" && k != "baseline_k_source" && k != "budget")
@@ -84,12 +79,7 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
 }
 
 void apply_budget_text(GateRule& rule, const std::string& text, const std::string& path) {
-  toml::table t;
-  try {
-    t = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    throw InputError(path, "toml", std::string(e.description()));
-  }
+  const toml::table t = parse_toml(text, path);
   if (const auto* k = t.get("baseline_k")) {
     const auto v = k->value<double>();
     if (!v || !(*v > 0)) throw InputError(path, "baseline_k", "must be a positive number");

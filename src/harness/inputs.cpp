@@ -102,7 +102,13 @@ MlaConfig infer_config(const std::map<std::string, Tensor>& t, const std::string
         fmt::format("has {} columns, not a multiple of G = {} (from w_uk)", wv.shape[1], c.groups));
   c.d_v = as_int(wv.shape[1] / c.groups, path, "w_uv");
   c.seqlens.clear();
-  for (int64_t b = 0; b < sl.numel(); ++b) c.seqlens.push_back(int(sl[b]));
+  for (int64_t b = 0; b < sl.numel(); ++b) {
+    if (!(sl[b] >= 0 && sl[b] <= INT32_MAX && sl[b] == std::floor(sl[b])))
+      throw InputError(
+          path, "seqlens",
+          fmt::format("value {} at [{}] is not a length (an integer in [0, 2^31))", sl[b], b));
+    c.seqlens.push_back(int(sl[b]));
+  }
   c.norm = t.count("gamma_cq")  ? NormMode::Blockwise
            : t.count("gamma_q") ? NormMode::Unified
                                 : NormMode::None;
@@ -115,7 +121,10 @@ MlaConfig infer_config(const std::map<std::string, Tensor>& t, const std::string
 }
 
 InputsCase case_from_inputs(const InputsRequest& r) {
-  SafetensorsFile f = read_safetensors(r.path);
+  return case_from_file(read_safetensors(r.path), r);
+}
+
+InputsCase case_from_file(SafetensorsFile f, const InputsRequest& r) {
   InputsCase out;
   MlaConfig& c = out.k.cfg;
   const bool has_config = f.metadata.count("qkmla.config") > 0;

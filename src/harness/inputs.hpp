@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/case.hpp"
+#include "io/safetensors.hpp"
 
 namespace qkmla {
 
@@ -26,6 +27,8 @@ struct InputsCase {
 
 // InputError naming the file, the tensor (or config key) and the problem.
 InputsCase case_from_inputs(const InputsRequest& r);
+// The same on a file already read (r.path names it in messages): the fuzz target's entry.
+InputsCase case_from_file(SafetensorsFile f, const InputsRequest& r);
 
 // The config a set of input tensors implies (dims, batch, S_q, seqlens, norm, profile); the
 // remaining keys keep their defaults. InputError names the tensor whose shape is inconsistent.

@@ -77,7 +77,7 @@ def bug_applies(bug, spec):
 
 def rel_l2(x, y):
     m = np.isfinite(y) & np.isfinite(x)
-    d = np.linalg.norm((x - y)[m].astype(np.float64))
+    d = np.linalg.norm(x[m].astype(np.float64) - y[m].astype(np.float64))
     n = np.linalg.norm(y[m].astype(np.float64))
     return d / n if n > 0 else d
 

@@ -1,0 +1,107 @@
+#include "io/toml_text.hpp"
+
+#include <fmt/format.h>
+
+#include "io/safetensors.hpp"
+
+namespace qkmla {
+
+namespace {
+
+// The lexical states of TOML that decide where a non-ASCII byte may stand.
+enum class Lex { Bare, Comment, Basic, Literal, MultiBasic, MultiLiteral };
+
+struct Scan {
+  const std::string& s;
+  const std::string& path;
+  size_t i = 0, line = 1, line_start = 0;
+
+  bool at(const char* delim) const { return s.compare(i, 3, delim) == 0; }
+  void newline() { ++line, line_start = i + 1; }
+  [[noreturn]] void refuse() const {
+    throw InputError(path, "toml",
+                     fmt::format("line {}, column {}: non-ASCII byte 0x{:02X} outside a string or "
+                                 "comment (TOML allows it only inside strings and comments)",
+                                 line, i - line_start + 1, (unsigned char)s[i]));
+  }
+  // Closes a multi-line string at i: its delimiter may be preceded by up to two quotes of content.
+  void close_run(char quote) {
+    size_t n = 0;
+    while (i + n < s.size() && s[i + n] == quote && n < 5) ++n;
+    i += n - 1;
+  }
+  // A line-ending backslash in a multi-line basic string: the whitespace and newlines after it are
+  // trimmed, and toml++ classifies the first character after them.
+  void line_ending_backslash() {
+    size_t j = i + 1;
+    while (j < s.size() && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r')) ++j;
+    if (j >= s.size() || s[j] != '\n') {
+      ++i;  // an escape sequence: its first character cannot end the string
+      return;
+    }
+    for (++i; i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'); ++i)
+      if (s[i] == '\n') newline();
+    if (i < s.size() && (unsigned char)s[i] >= 0x80) refuse();
+    --i;
+  }
+};
+
+void refuse_unclassifiable(const std::string& text, const std::string& path) {
+  Scan sc{text, path};
+  Lex st = Lex::Bare;
+  for (; sc.i < text.size(); ++sc.i) {
+    const char c = text[sc.i];
+    if (c == '\n') sc.newline();
+    switch (st) {
+      case Lex::Bare:
+        if ((unsigned char)c >= 0x80) sc.refuse();
+        if (c == '#')
+          st = Lex::Comment;
+        else if (sc.at("\"\"\""))
+          st = Lex::MultiBasic, sc.i += 2;
+        else if (sc.at("'''"))
+          st = Lex::MultiLiteral, sc.i += 2;
+        else if (c == '"')
+          st = Lex::Basic;
+        else if (c == '\'')
+          st = Lex::Literal;
+        break;
+      case Lex::Comment:
+        if (c == '\n') st = Lex::Bare;
+        break;
+      case Lex::Basic:
+        if (c == '\\' && sc.i + 1 < text.size() && text[sc.i + 1] != '\n')
+          ++sc.i;
+        else if (c == '"' || c == '\n')
+          st = Lex::Bare;
+        break;
+      case Lex::Literal:
+        if (c == '\'' || c == '\n') st = Lex::Bare;
+        break;
+      case Lex::MultiBasic:
+        if (c == '\\')
+          sc.line_ending_backslash();
+        else if (sc.at("\"\"\""))
+          sc.close_run('"'), st = Lex::Bare;
+        break;
+      case Lex::MultiLiteral:
+        if (sc.at("'''")) sc.close_run('\''), st = Lex::Bare;
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+toml::table parse_toml(const std::string& text, const std::string& path) {
+  refuse_unclassifiable(text, path);
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    const toml::source_position p = e.source().begin;
+    throw InputError(path, "toml",
+                     fmt::format("line {}, column {}: {}", p.line, p.column, e.description()));
+  }
+}
+
+}  // namespace qkmla
