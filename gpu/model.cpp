@@ -32,20 +32,20 @@ Queries model_queries(const GpuCase& c, bool explicit_form) {
       const size_t br = size_t(b) * R + size_t(row);
       const int i = row / d.H, h = row % d.H, g = d.group_of(h);
       const int pos = c.seqlens[size_t(b)] - d.S_q + i;
-      const float* cs = pos >= 0 ? &c.rope_cos[size_t(pos) * half] : nullptr;
-      const float* sn = pos >= 0 ? &c.rope_sin[size_t(pos) * half] : nullptr;
-      const float aq =
-          query_row(d, &c.q_nope[br * d.d_c], &c.q_pe[br * d.d_r], c.g_q.data(), c.g_k.data(),
-                    c.g_rq.data(), cs, sn, pos >= 0, w.data(), &q.q_rope[br * d.d_r]);
+      const float* cs = pos >= 0 ? c.rope_cos.data() + size_t(pos) * half : nullptr;
+      const float* sn = pos >= 0 ? c.rope_sin.data() + size_t(pos) * half : nullptr;
+      const float aq = query_row(d, c.q_nope.data() + br * d.d_c, c.q_pe.data() + br * d.d_r,
+                                 c.g_q.data(), c.g_k.data(), c.g_rq.data(), cs, sn, pos >= 0,
+                                 w.data(), q.q_rope.data() + br * d.d_r);
       q.alpha_q[br] = aq;
-      float* out = &q.q[br * n_k];
+      float* out = q.q.data() + br * n_k;
       if (explicit_form) {
-        explicit_query_content(d, &c.q_nope[br * d.d_c], c.g_q.data(), aq, out);
+        explicit_query_content(d, c.q_nope.data() + br * d.d_c, c.g_q.data(), aq, out);
         continue;
       }
       const long long ld = (long long)d.G * d.d_c;
       for (int l = 0; l < d.r; ++l) {
-        const float* col = &c.w_uk[size_t(l) * size_t(ld) + size_t(g) * d.d_c];
+        const float* col = c.w_uk.data() + size_t(l) * size_t(ld) + size_t(g) * d.d_c;
         out[l] = round_store(d.stored, project(w.data(), d.d_c, [&](int j) { return col[j]; }));
       }
     }
@@ -62,7 +62,7 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
   const Dims& d = c.d;
   const int T = c.seqlens[size_t(b)], R = d.S_q * d.H, pages = pages_for(T);
   const int p0 = s * plan.pages_per_split, p1 = std::min(p0 + plan.pages_per_split, pages);
-  const int* rows = &rb.rows[size_t(blk) * kRowsPerBlock];
+  const int* rows = rb.rows.data() + size_t(blk) * kRowsPerBlock;
   const int kg = rb.group[size_t(blk)];
   RowState st[kRowsPerBlock];
   std::vector<float> acc(size_t(kRowsPerBlock) * mc.n_v, 0.0f);
@@ -74,13 +74,13 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
     for (int tt = 0; tt < n; ++tt) {
       const size_t slot = size_t(phys) * kPage + size_t(tt);
       const float* key = mc.key(slot, kg);
-      const float* kr = &mc.rope[slot * size_t(d.d_r)];
+      const float* kr = mc.rope.data() + slot * size_t(d.d_r);
       for (int k = 0; k < kRowsPerBlock; ++k) {
         if (rows[k] < 0) continue;
         const int row = rows[k], i = row / d.H, h = row % d.H;
         const size_t br = size_t(b) * R + size_t(row);
-        const float* qq = &q.q[br * mc.n_k];
-        const float* qr = &q.q_rope[br * d.d_r];
+        const float* qq = q.q.data() + br * mc.n_k;
+        const float* qr = q.q_rope.data() + br * d.d_r;
         float lanes[32], rl[32];
         for (int lane = 0; lane < 32; ++lane) {
           lanes[lane] =
@@ -155,7 +155,7 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
     for (int row = 0; row < R; ++row) {  // K.7 combine, then the value up-projection
       const size_t br = size_t(b) * R + size_t(row);
       const int ns = plan.splits(c.seqlens[size_t(b)]);
-      const float* ls = &part.lse[br * plan.max_splits];
+      const float* ls = part.lse.data() + br * plan.max_splits;
       const float lse = combine_lse(ls, ns);
       out.lse[br] = lse;
       for (int j = 0; j < mc.n_v; ++j)

@@ -50,7 +50,7 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
   const bool fp8 = d.cache == Store::E4M3;
   for (int b = 0; b < d.B; ++b) {
     const int T = c.seqlens[size_t(b)];
-    const float* crows = &c.kv_c[size_t(b) * d.t_max * d.r];
+    const float* crows = c.kv_c.data() + size_t(b) * d.t_max * d.r;
     std::vector<float> keys(size_t(T) * kc), vals(explicit_form ? size_t(T) * vc : 0);
     project_rows(crows, T, d.r, c.w_uk.data(), kc, keys.data());
     if (explicit_form) project_rows(crows, T, d.r, c.w_uv.data(), vc, vals.data());
@@ -58,25 +58,25 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
       const size_t bt = size_t(b) * d.t_max + size_t(t);
       const size_t slot = slot_of(mc.paging, b, t);
       const float sc = fp8 ? c.kv_c_scale[bt] : 1.0f;
-      float* key = &keys[size_t(t) * kc];
+      float* key = keys.data() + size_t(t) * kc;
       if (fp8)
         for (int j = 0; j < kc; ++j) key[j] = key[j] * sc;  // the key of the dequantized row
-      float* z = &mc.rope[slot * size_t(d.d_r)];
-      std::copy_n(&c.k_pe[bt * d.d_r], d.d_r, z);
-      const float share = append_rope(d, z, c.g_rk.data(), &c.rope_cos[size_t(t) * half],
-                                      &c.rope_sin[size_t(t) * half]);
+      float* z = mc.rope.data() + slot * size_t(d.d_r);
+      std::copy_n(c.k_pe.data() + bt * d.d_r, d.d_r, z);
+      const float share = append_rope(d, z, c.g_rk.data(), c.rope_cos.data() + size_t(t) * half,
+                                      c.rope_sin.data() + size_t(t) * half);
       for (int g = 0; g < d.G; ++g) {
         const float a = append_alpha_k(d, key + size_t(g) * d.d_c, share);
         mc.alpha_k[slot * d.G + size_t(g)] = a;
         if (!explicit_form) continue;
-        float* kout = &mc.k[(slot * d.G + size_t(g)) * d.d_c];
+        float* kout = mc.k.data() + (slot * d.G + size_t(g)) * d.d_c;
         explicit_key_content(d, key + size_t(g) * d.d_c, c.g_k.data(), a, kout);
-        const float* v = &vals[size_t(t) * vc + size_t(g) * d.d_v];
-        float* vout = &mc.v[(slot * d.G + size_t(g)) * d.d_v];
+        const float* v = vals.data() + size_t(t) * vc + size_t(g) * d.d_v;
+        float* vout = mc.v.data() + (slot * d.G + size_t(g)) * d.d_v;
         for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
       }
       if (!explicit_form) {
-        std::copy_n(crows + size_t(t) * d.r, d.r, &mc.k[slot * size_t(d.r)]);
+        std::copy_n(crows + size_t(t) * d.r, d.r, mc.k.data() + slot * size_t(d.r));
         if (mc.scaled) mc.scale[slot] = sc;
       }
     }

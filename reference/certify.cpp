@@ -248,8 +248,8 @@ void Certifier::query_row(int b, int i, int h, const ExactProduct& K0, const Exa
   const Tensor* gq = none ? nullptr : &k_.get(unified ? "gamma_q" : "gamma_cq");
   const Tensor* gk = none ? nullptr : &k_.get(unified ? "gamma_k" : "gamma_ck");
   const int g = c_.group_of(h), ga = hook::group_of(p_, c_, h);
-  const double* q = &qn.data[size_t(qn.index({b, i, h, 0}))];
-  const double* qpe = &qp.data[size_t(qp.index({b, i, h, 0}))];
+  const double* q = qn.ptr({b, i, h, 0});
+  const double* qpe = qp.ptr({b, i, h, 0});
   // q (.) gq (.) gk at scale 3 (explicit); the absorbed one with gamma_k through its hook.
   std::vector<mpz_int> w(static_cast<size_t>(dc)), wa(static_cast<size_t>(dc));
   const int w_scale = none ? 1 : 3, wa_scale = none ? 1 : 2 + p_.gamma_k_power;
@@ -310,7 +310,7 @@ void Certifier::query_row(int b, int i, int h, const ExactProduct& K0, const Exa
     // (c) D.3/D.4: logits with S^q, S^k as exact inputs.
     const mpq_rational& ak = ak_e_[size_t(t)][size_t(g)];
     const mpq_rational& aka = ak_a_[size_t(hook::alpha_k_token(p_, t))][size_t(ga)];
-    const double* kraw = &kpe.data[size_t(kpe.index({b, t, 0}))];
+    const double* kraw = kpe.ptr({b, t, 0});
     const std::vector<mpq_rational> kr_e =
         rope_vec(kraw, grk, unified ? dc : 0, t, ntr, Perturbation{}, unified ? &ak : nullptr);
     const std::vector<mpq_rational> kr_a =
@@ -381,7 +381,7 @@ void Certifier::sequence(int b) {
   if (T == 0) return;
   const int G = c_.groups, dc = c_.d_c, dv = c_.d_v, r = c_.latent_rank;
   const Tensor &kv = k_.latent(), &wk = k_.get("w_uk"), &wv = k_.get("w_uv");
-  const double* cb = &kv.data[size_t(kv.index({b, 0, 0}))];
+  const double* cb = kv.ptr({b, 0, 0});
   const ExactProduct K0 = exact_matmul(cb, r, T, r, wk.data.data(), G * dc, G * dc);  // D.1 keys
   const ExactProduct V = exact_matmul(cb, r, T, r, wv.data.data(), G * dv, G * dv);
   key_statistics(b, T, K0);

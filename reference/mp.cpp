@@ -3,7 +3,18 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/parallel.hpp"
+
 namespace qkmla::ref {
+
+namespace {
+// MPFR keeps constants (log 2, pi, exp internals) in per-thread caches: a worker thread frees its
+// own before it ends.
+[[maybe_unused]] const bool kFreesThreadCaches = [] {
+  thread_exit_hooks().push_back([] { mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE); });
+  return true;
+}();
+}  // namespace
 
 PrecisionScope::PrecisionScope(int bits) : saved_digits10_(Mp::default_precision()) {
   // Boost counts decimal digits; pick the smallest digits10 that yields >= bits.

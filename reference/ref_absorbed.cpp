@@ -36,8 +36,8 @@ Mp absorbed_query(const Ctx& x, int b, int i, int h, MpVec& q_latent, MpVec& rop
   const Tensor& wk = x.k.get("w_uk");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
   const bool ntr = hook::norm_then_rope(x.p, c);
-  const MpVec q = to_mp(&qn.data[size_t(qn.index({b, i, h, 0}))], c.d_c);  // [d_c]
-  rope = to_mp(&qp.data[size_t(qp.index({b, i, h, 0}))], c.d_r);           // [d_r]
+  const MpVec q = to_mp(qn.ptr({b, i, h, 0}), c.d_c);  // [d_c]
+  rope = to_mp(qp.ptr({b, i, h, 0}), c.d_r);           // [d_r]
   const int64_t pos = x.k.pos(b, i);
   alpha_q = 1;
   if (!none && !unified) {  // A.2 first: the normalized-first variant needs it inside q_latent
@@ -96,7 +96,7 @@ Mp absorbed_query(const Ctx& x, int b, int i, int h, MpVec& q_latent, MpVec& rop
 Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) {
   const Tensor& kv = k.latent();
   const int r = k.cfg.latent_rank;
-  const MpVec ct = to_mp(&kv.data[size_t(kv.index({b, t, 0}))], r);
+  const MpVec ct = to_mp(kv.ptr({b, t, 0}), r);
   Mp acc = 0, mlm, row, tmp;
   for (int l = 0; l < r; ++l) {
     row = 0;
@@ -116,7 +116,7 @@ void cache_row(const Ctx& x, const Dots& d, int b, int64_t t, const std::vector<
   const Tensor& kpe = x.k.get("k_pe");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
   const bool ntr = hook::norm_then_rope(x.p, c);
-  rope = to_mp(&kpe.data[size_t(kpe.index({b, t, 0}))], c.d_r);
+  rope = to_mp(kpe.ptr({b, t, 0}), c.d_r);
   alpha_k.assign(size_t(c.groups), Mp(1));
   if (none) {
     rotate(rope, x.k, t);
@@ -133,8 +133,7 @@ void cache_row(const Ctx& x, const Dots& d, int b, int64_t t, const std::vector<
     int n = c.d_c;
     if (x.p.key_stat_from_latent) {
       const Tensor& kv = x.k.latent();
-      ss = sum_squares(to_mp(&kv.data[size_t(kv.index({b, t, 0}))], c.latent_rank)),
-      n = c.latent_rank;
+      ss = sum_squares(to_mp(kv.ptr({b, t, 0}), c.latent_rank)), n = c.latent_rank;
     }
     if (hook::joint_key_stat(x.p, c)) ss += rope_sq, n += c.d_r;
     alpha_k[size_t(g)] = hook::inv_rms(x.p, ss, n, x.eps);

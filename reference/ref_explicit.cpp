@@ -20,8 +20,8 @@ QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps) {
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
   QueryRow row;
-  row.qc = to_mp(&qn.data[size_t(qn.index({b, i, h, 0}))], c.d_c);  // [d_c]
-  row.qr = to_mp(&qp.data[size_t(qp.index({b, i, h, 0}))], c.d_r);  // [d_r]
+  row.qc = to_mp(qn.ptr({b, i, h, 0}), c.d_c);  // [d_c]
+  row.qr = to_mp(qp.ptr({b, i, h, 0}), c.d_r);  // [d_r]
   const int64_t pos = k.pos(b, i);
   const bool has_pos = pos >= 0;  // T_b = 0: no position, no visible key
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
@@ -65,7 +65,7 @@ KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
   const Tensor& kpe = k.get("k_pe");
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
   KeyRow row;
-  const MpVec zk = to_mp(&kpe.data[size_t(kpe.index({b, t, 0}))], c.d_r);  // raw k_pe [d_r]
+  const MpVec zk = to_mp(kpe.ptr({b, t, 0}), c.d_r);  // raw k_pe [d_r]
   MpVec zk_rot = zk;
   rotate(zk_rot, k, t);
   for (int g = 0; g < c.groups; ++g) {
@@ -188,7 +188,7 @@ Dots exact_dots(const Case& k) {
   const Tensor& wv = k.get("w_uv");
   Dots d;
   for (int b = 0; b < c.batch; ++b) {
-    const double* cb = &kv.data[size_t(kv.index({b, 0, 0}))];
+    const double* cb = kv.ptr({b, 0, 0});
     const int64_t T = c.seqlens[size_t(b)], r = c.latent_rank;
     d.k0c.push_back(exact_matmul(cb, r, T, r, wk.data.data(), wk.shape[1], wk.shape[1]));
     d.v.push_back(exact_matmul(cb, r, T, r, wv.data.data(), wv.shape[1], wv.shape[1]));

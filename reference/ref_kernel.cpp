@@ -21,13 +21,13 @@ Outputs ref_kernel(const Case& k) {
     MpLatentRows q;  // the rows of this sequence, exact
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
-        q.q_latent.push_back(to_mp(&ql.data[size_t(ql.index({b, i, h, 0}))], r));
-        q.rope.push_back(to_mp(&qr.data[size_t(qr.index({b, i, h, 0}))], dr));
+        q.q_latent.push_back(to_mp(ql.ptr({b, i, h, 0}), r));
+        q.rope.push_back(to_mp(qr.ptr({b, i, h, 0}), dr));
         q.row_scale.push_back(stats ? Mp(k.get("alpha_q").at({b, i, h})) : Mp(1));
       }
     MpLatentCache cache;
     for (int64_t t = 0; t < T; ++t) {
-      cache.rope.push_back(to_mp(&kr.data[size_t(kr.index({b, t, 0}))], dr));
+      cache.rope.push_back(to_mp(kr.ptr({b, t, 0}), dr));
       cache.alpha_k.push_back(
           stats ? to_mp(&k.get("alpha_k").data[size_t(k.get("alpha_k").index({b, t, 0}))], G)
                 : MpVec(size_t(G), Mp(1)));

@@ -23,6 +23,9 @@ struct Tensor {
   // Row-major flat index of a multi-index (no bounds checks: callers iterate known shapes).
   int64_t index(std::initializer_list<int64_t> idx) const;
   double at(std::initializer_list<int64_t> idx) const { return data[size_t(index(idx))]; }
+  // The address of an element, or of where a zero-width row (NoPE: d_r = 0) would start: defined
+  // for an empty tensor too, where &data[i] would not be.
+  const double* ptr(std::initializer_list<int64_t> idx) const { return data.data() + index(idx); }
   double& at(std::initializer_list<int64_t> idx) { return data[size_t(index(idx))]; }
   // Unravels a flat index into its multi-index.
   std::vector<int64_t> unravel(int64_t flat) const;
