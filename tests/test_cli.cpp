@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.hpp"
 #include "core/presets.hpp"
 #include "gpu/qkmla_gpu.hpp"
 #include "harness/resources.hpp"
@@ -26,25 +27,9 @@
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run_raw(const std::string& cmd_line) {
-  const std::string cmd = cmd_line + " 2>&1";
-  Run r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-Run run(const std::string& args) { return run_raw(std::string(QKMLA_BINARY) + " " + args); }
+using qkmla::test::Run;
+using qkmla::test::run;
+using qkmla::test::run_raw;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "cli_run.hpp"
 #include "harness/truth.hpp"
 #include "helpers.hpp"
 #include "io/case_io.hpp"
@@ -21,23 +22,9 @@ using namespace qkmla;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run(const std::string& args) {
-  const std::string cmd = std::string(QKMLA_BINARY) + " " + args + " 2>&1";
-  Run r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using qkmla::test::Run;
+using qkmla::test::run;
+using qkmla::test::run_raw;
 
 std::string tmp(const std::string& name) {
   const std::string dir = "/tmp/qkmla_shapes_" + std::to_string(getpid());

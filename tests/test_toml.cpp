@@ -30,13 +30,19 @@ TEST_CASE("io.toml.non_ascii_where_toml_allows_only_ascii_is_refused") {
   CHECK(refusal("s = \"\"\"\\\n\xc2\xa7\"\"\"\n").find("line 2, column 1") != std::string::npos);
   CHECK(refusal("s = \"\"\"\\   \n  \n  \xc2\xa7\"\"\"\n").find("line 3, column 3") !=
         std::string::npos);
+  // A quote where no string may start: toml++ scans on past it, classifying what follows (found
+  // by the fuzz campaign: `seqlens = [0, 1"""p...` followed by U+0410 within 120 characters).
+  CHECK(refusal("s = [0, 1\"\"\"p\xd0\x90\"\"\"]").find("line 1, column 14") != std::string::npos);
+  CHECK(refusal("a = 1.\"\xc3\xa9\"").find("line 1, column 8") != std::string::npos);
+  CHECK(refusal("a = \"x\"\"\xc3\xa9\"").find("line 1, column 9") != std::string::npos);
 }
 
 // Non-ASCII text where TOML allows it parses as before.
 TEST_CASE("io.toml.non_ascii_in_strings_and_comments_is_kept") {
   const toml::table t = parse_toml(
       "# \xc2\xa7 6\na = \"\xc2\xa7 1.4\" # \xc3\xa9\nb = '\xc3\xa9'\nc = \"\"\"x\n\xc2\xa7\"\"\"\n"
-      "d = '''\xc2\xa7''''\ne = \"\"\"\\\n  y\xc2\xa7\"\"\"\nf = \"q\\\"\xc2\xa7\"\n",
+      "d = '''\xc2\xa7''''\ne = \"\"\"\\\n  y\xc2\xa7\"\"\"\nf = \"q\\\"\xc2\xa7\"\n"
+      "g.\"\xc3\xa9\" = 1\nh = [\n  \"\xc3\xa9\",\"\xc2\xa7\"]\ni = {j = \"\xc3\xa9\"}\n",
       "t.toml");
   CHECK(t["a"].value<std::string>() == "\xc2\xa7 1.4");
   CHECK(t["b"].value<std::string>() == "\xc3\xa9");
@@ -44,6 +50,9 @@ TEST_CASE("io.toml.non_ascii_in_strings_and_comments_is_kept") {
   CHECK(t["d"].value<std::string>() == "\xc2\xa7'");
   CHECK(t["e"].value<std::string>() == "y\xc2\xa7");
   CHECK(t["f"].value<std::string>() == "q\"\xc2\xa7");
+  CHECK(t["g"]["\xc3\xa9"].value<int64_t>() == 1);
+  CHECK(t["h"][1].value<std::string>() == "\xc2\xa7");
+  CHECK(t["i"]["j"].value<std::string>() == "\xc3\xa9");
 }
 
 TEST_CASE("io.toml.parse_errors_name_file_line_and_column") {

@@ -46,28 +46,45 @@ struct Scan {
   }
 };
 
+// Where a quote opens a string: after "=", "[", ",", "{", first on its line, or after the "." of
+// a dotted key (before the line's "="). Anywhere else toml++ reads the quote as part of a bare
+// value and scans past it (up to ~120 characters, classifying each one), so what follows is Bare.
+// The price: a quoted key part after a dot inside an inline table is treated as bare (refused if
+// it holds non-ASCII), the one valid TOML 1.0 construct this refuses.
+bool opens_string(char prev, bool eq_on_line) {
+  return prev == '=' || prev == '[' || prev == ',' || prev == '{' || prev == '\n' ||
+         (prev == '.' && !eq_on_line);
+}
+
 void refuse_unclassifiable(const std::string& text, const std::string& path) {
   Scan sc{text, path};
   Lex st = Lex::Bare;
+  char prev =
+      '\n';  // the last character of Bare text that is not a blank ("\n": none on this line)
+  bool eq_on_line = false;
   for (; sc.i < text.size(); ++sc.i) {
     const char c = text[sc.i];
     if (c == '\n') sc.newline();
     switch (st) {
       case Lex::Bare:
         if ((unsigned char)c >= 0x80) sc.refuse();
-        if (c == '#')
+        if (c == '#') {
           st = Lex::Comment;
-        else if (sc.at("\"\"\""))
-          st = Lex::MultiBasic, sc.i += 2;
-        else if (sc.at("'''"))
-          st = Lex::MultiLiteral, sc.i += 2;
-        else if (c == '"')
-          st = Lex::Basic;
-        else if (c == '\'')
-          st = Lex::Literal;
+        } else if ((c == '"' || c == '\'') && opens_string(prev, eq_on_line)) {
+          const bool multi = sc.at(c == '"' ? "\"\"\"" : "'''");
+          st = c == '"' ? (multi ? Lex::MultiBasic : Lex::Basic)
+                        : (multi ? Lex::MultiLiteral : Lex::Literal);
+          if (multi) sc.i += 2;
+          prev = c;  // a closed string is not followed by another opening
+        } else if (c == '\n') {
+          prev = '\n', eq_on_line = false;
+        } else if (c != ' ' && c != '\t' && c != '\r') {
+          prev = c;
+          eq_on_line = eq_on_line || c == '=';
+        }
         break;
       case Lex::Comment:
-        if (c == '\n') st = Lex::Bare;
+        if (c == '\n') st = Lex::Bare, prev = '\n', eq_on_line = false;
         break;
       case Lex::Basic:
         if (c == '\\' && sc.i + 1 < text.size() && text[sc.i + 1] != '\n')

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "render/junit.hpp"
+
 namespace qkmla {
 
 std::string num(double v) {
@@ -93,38 +95,17 @@ std::string to_csv(const Table& t) {
   return s;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  return o;
-}
-
 std::string to_html(const Table& t) {
   auto head = [&] {
     std::string s = "<table>\n<tr>";
-    for (const std::string& h : t.header) s += "<th>" + html_escape(h) + "</th>";
+    for (const std::string& h : t.header) s += "<th>" + xml_escape(h) + "</th>";
     return s + "</tr>\n";
   };
   std::string s = t.sections.empty() || t.sections.front().first != 0 ? head() : "";
   for (size_t r = 0; r < t.rows.size(); ++r) {
     const std::string title = section_at(t, r);
     if (!title.empty())
-      s += std::string(r ? "</table>\n" : "") + "<h3>" + html_escape(title) + "</h3>\n" + head();
+      s += std::string(r ? "</table>\n" : "") + "<h3>" + xml_escape(title) + "</h3>\n" + head();
     s += "<tr>";
     for (size_t c = 0; c < t.rows[r].size(); ++c) {
       const std::string& cell = t.rows[r][c];
@@ -133,7 +114,7 @@ std::string to_html(const Table& t) {
            (cell == "FAIL" ? " class=\"fail\""
             : right        ? " class=\"n\""
                            : "") +
-           ">" + html_escape(cell) + "</td>";
+           ">" + xml_escape(cell) + "</td>";
     }
     s += "</tr>\n";
   }

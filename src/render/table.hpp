@@ -18,10 +18,9 @@ struct Table {
 std::string to_text(const Table& t);
 std::string to_markdown(const Table& t, const std::string& section_prefix = "## ");
 std::string to_csv(const Table& t);
-// HTML tables (one per section, each after an <h3> title), cells escaped; FAIL cells marked with
-// class "fail".
+// HTML tables (one per section, each after an <h3> title), cells escaped (xml_escape, valid in
+// HTML5); FAIL cells marked with class "fail".
 std::string to_html(const Table& t);
-std::string html_escape(const std::string& s);
 
 // Numbers for people: 3 significant digits, "-" for NaN, "0" for zero.
 std::string num(double v);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "render/junit.hpp"
 #include "render/rows.hpp"
 #include "render/table.hpp"
 #include "report/report.hpp"
@@ -113,19 +114,19 @@ std::string render_html(const Report& r, const std::string& how, const ReportVie
       "collapse;margin-bottom:1em}\ntd,th{border:1px solid #ccc;padding:2px 6px;font-size:90%}\n"
       "td.n{text-align:right;font-family:monospace}\ntd.fail{background:#fbb;font-weight:bold}\n"
       "</style>\n</head>\n<body>\n<h1>qkmla report</h1>\n<h2>Summary</h2>\n<pre>" +
-      html_escape(summary_text(r)) + "</pre>\n";
+      xml_escape(summary_text(r)) + "</pre>\n";
   if (!svgs.empty()) s += "<h2>Charts</h2>\n";
   for (const std::string& svg : svgs) {
     const size_t at = svg.find("<svg");  // drop the XML prolog and DOCTYPE: inline SVG
     s += "<figure>\n" + (at == std::string::npos ? svg : svg.substr(at)) + "\n</figure>\n";
   }
-  s += "<h2>Rows</h2>\n<p>" + html_escape(kColumnsNote) + "</p>\n" +
+  s += "<h2>Rows</h2>\n<p>" + xml_escape(kColumnsNote) + "</p>\n" +
        to_html(rows_table(view_rows(r, v), v.wide ? kWideCols : kNarrowCols, true));
   if (!r.notes.empty()) s += "<h2>Notes</h2>\n<ul>\n";
-  for (const std::string& n : r.notes) s += "<li>" + html_escape(n) + "</li>\n";
+  for (const std::string& n : r.notes) s += "<li>" + xml_escape(n) + "</li>\n";
   if (!r.notes.empty()) s += "</ul>\n";
-  s += "<h2>How it was made</h2>\n<p>Case: " + html_escape(case_line(r.cfg)) + "</p>\n<p>" +
-       html_escape(how) + "</p>\n<pre>" + html_escape(reference_lines(r, "")) +
+  s += "<h2>How it was made</h2>\n<p>Case: " + xml_escape(case_line(r.cfg)) + "</p>\n<p>" +
+       xml_escape(how) + "</p>\n<pre>" + xml_escape(reference_lines(r, "")) +
        fmt::format("</pre>\n<p>Total wall time {:.1f} s.</p>\n</body>\n</html>\n", r.total_seconds);
   return s;
 }
