@@ -3,7 +3,7 @@
 # two workers (-fork=2), from the committed seed corpora plus the build's corpus, stopping at the
 # first crash, leak, timeout or UB report. Writes reports/fuzz-campaign.md with inputs, time,
 # coverage and crashes per target; exits 1 on any finding (the reproducer is left in the work folder).
-# Usage: SECONDS_PER_TARGET=900 bash reports/fuzz_campaign.sh [build dir]
+# Usage: SECONDS_PER_TARGET=900 [TARGETS="fuzz_text"] bash reports/fuzz_campaign.sh [build dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -21,7 +21,7 @@ out=reports/fuzz-campaign.md
   echo "|---|---|---:|---:|---:|---:|---:|---|"
 } > "$out.tmp"
 status=0
-for target in fuzz_readers fuzz_text; do
+for target in ${TARGETS:-fuzz_readers fuzz_text}; do
   case $target in
     fuzz_readers) what="safetensors, .npy, case config metadata, golden --inputs";;
     fuzz_text) what="budget TOML, gate TOML, config JSON, case flags";;

@@ -35,6 +35,10 @@ TEST_CASE("io.toml.non_ascii_where_toml_allows_only_ascii_is_refused") {
   CHECK(refusal("s = [0, 1\"\"\"p\xd0\x90\"\"\"]").find("line 1, column 14") != std::string::npos);
   CHECK(refusal("a = 1.\"\xc3\xa9\"").find("line 1, column 8") != std::string::npos);
   CHECK(refusal("a = \"x\"\"\xc3\xa9\"").find("line 1, column 9") != std::string::npos);
+  // A quote inside a bare value run is no string either (second campaign: `[++d_v\x02{"h...`).
+  CHECK(refusal("e = [+d{\"h)\xc2\xa7\"]").find("line 1, column 12") != std::string::npos);
+  CHECK(refusal("e = [\n 1.5=\"\xc3\xa9\"]").find("line 2, column 7") != std::string::npos);
+  CHECK(refusal("e = 1=\"\xc3\xa9\"").find("line 1, column 8") != std::string::npos);
 }
 
 // Non-ASCII text where TOML allows it parses as before.
@@ -42,7 +46,9 @@ TEST_CASE("io.toml.non_ascii_in_strings_and_comments_is_kept") {
   const toml::table t = parse_toml(
       "# \xc2\xa7 6\na = \"\xc2\xa7 1.4\" # \xc3\xa9\nb = '\xc3\xa9'\nc = \"\"\"x\n\xc2\xa7\"\"\"\n"
       "d = '''\xc2\xa7''''\ne = \"\"\"\\\n  y\xc2\xa7\"\"\"\nf = \"q\\\"\xc2\xa7\"\n"
-      "g.\"\xc3\xa9\" = 1\nh = [\n  \"\xc3\xa9\",\"\xc2\xa7\"]\ni = {j = \"\xc3\xa9\"}\n",
+      "g.\"\xc3\xa9\" = 1\nh = [\n  \"\xc3\xa9\",\"\xc2\xa7\"]\ni = {j = "
+      "\"\xc3\xa9\"}\nk=\"\xc3\xa9\"\n"
+      "[\"\xc3\xa9\"]\nl = [[\"\xc3\xa9\"], {m = \"\xc2\xa7\"}]\n",
       "t.toml");
   CHECK(t["a"].value<std::string>() == "\xc2\xa7 1.4");
   CHECK(t["b"].value<std::string>() == "\xc3\xa9");
@@ -53,6 +59,9 @@ TEST_CASE("io.toml.non_ascii_in_strings_and_comments_is_kept") {
   CHECK(t["g"]["\xc3\xa9"].value<int64_t>() == 1);
   CHECK(t["h"][1].value<std::string>() == "\xc2\xa7");
   CHECK(t["i"]["j"].value<std::string>() == "\xc3\xa9");
+  CHECK(t["k"].value<std::string>() == "\xc3\xa9");
+  CHECK(t["\xc3\xa9"]["l"][0][0].value<std::string>() == "\xc3\xa9");
+  CHECK(t["\xc3\xa9"]["l"][1]["m"].value<std::string>() == "\xc2\xa7");
 }
 
 TEST_CASE("io.toml.parse_errors_name_file_line_and_column") {

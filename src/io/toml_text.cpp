@@ -46,22 +46,53 @@ struct Scan {
   }
 };
 
-// Where a quote opens a string: after "=", "[", ",", "{", first on its line, or after the "." of
-// a dotted key (before the line's "="). Anywhere else toml++ reads the quote as part of a bare
-// value and scans past it (up to ~120 characters, classifying each one), so what follows is Bare.
-// The price: a quoted key part after a dot inside an inline table is treated as bare (refused if
-// it holds non-ASCII), the one valid TOML 1.0 construct this refuses.
-bool opens_string(char prev, bool eq_on_line) {
-  return prev == '=' || prev == '[' || prev == ',' || prev == '{' || prev == '\n' ||
-         (prev == '.' && !eq_on_line);
-}
+// toml++ classifies the characters of a bare run (a bare key or a bare value: a number, a date, a
+// boolean, or garbage) and, for a value, scans ahead up to ~120 characters until a terminator
+// (blank, newline, "," "]" "}" "#"), through quotes. So a quote opens a string only outside a run,
+// and after "=", "[", ",", "{", first on its line, or after the "." of a dotted key at the top
+// level. In key position (top level, before the line's "=") "=" and "." end a run. The price: a
+// non-ASCII string right after "=" with no blank inside an inline table, or after a dotted key
+// part in a table header or inline table, is refused (write a blank, or quote the whole key).
+struct Bare {
+  char prev = '\n';  // the last character that is not a blank ("\n": none yet on this line)
+  bool eq_on_line = false, run = false;
+  int depth = 0;  // "[" and "{" opened outside a run and not yet closed
+
+  bool key_position() const { return depth == 0 && !eq_on_line; }
+  bool opens_string() const {
+    return !run && (prev == '=' || prev == '[' || prev == ',' || prev == '{' || prev == '\n' ||
+                    (prev == '.' && key_position()));
+  }
+  void step(char c) {
+    if (c == '\n') {
+      prev = '\n', eq_on_line = false, run = false;
+      return;
+    }
+    if (c == ' ' || c == '\t' || c == '\r') {
+      run = false;
+      return;
+    }
+    if (c == ',') {
+      run = false;
+    } else if (c == ']' || c == '}') {
+      run = false;
+      if (depth > 0) --depth;
+    } else if (key_position() && (c == '=' || c == '.')) {
+      run = false;
+    } else if ((c == '[' || c == '{' || c == '=') && !run) {
+      depth += c != '=';  // structural
+    } else {
+      run = true;  // a bare character, or "[", "{", "=" inside a run
+    }
+    prev = c;
+    eq_on_line = eq_on_line || c == '=';
+  }
+};
 
 void refuse_unclassifiable(const std::string& text, const std::string& path) {
   Scan sc{text, path};
   Lex st = Lex::Bare;
-  char prev =
-      '\n';  // the last character of Bare text that is not a blank ("\n": none on this line)
-  bool eq_on_line = false;
+  Bare bare;
   for (; sc.i < text.size(); ++sc.i) {
     const char c = text[sc.i];
     if (c == '\n') sc.newline();
@@ -69,22 +100,19 @@ void refuse_unclassifiable(const std::string& text, const std::string& path) {
       case Lex::Bare:
         if ((unsigned char)c >= 0x80) sc.refuse();
         if (c == '#') {
-          st = Lex::Comment;
-        } else if ((c == '"' || c == '\'') && opens_string(prev, eq_on_line)) {
+          st = Lex::Comment, bare.run = false;
+        } else if ((c == '"' || c == '\'') && bare.opens_string()) {
           const bool multi = sc.at(c == '"' ? "\"\"\"" : "'''");
           st = c == '"' ? (multi ? Lex::MultiBasic : Lex::Basic)
                         : (multi ? Lex::MultiLiteral : Lex::Literal);
           if (multi) sc.i += 2;
-          prev = c;  // a closed string is not followed by another opening
-        } else if (c == '\n') {
-          prev = '\n', eq_on_line = false;
-        } else if (c != ' ' && c != '\t' && c != '\r') {
-          prev = c;
-          eq_on_line = eq_on_line || c == '=';
+          bare.prev = c;  // a closed string is not followed by another opening
+        } else {
+          bare.step(c);
         }
         break;
       case Lex::Comment:
-        if (c == '\n') st = Lex::Bare, prev = '\n', eq_on_line = false;
+        if (c == '\n') st = Lex::Bare, bare.step(c);
         break;
       case Lex::Basic:
         if (c == '\\' && sc.i + 1 < text.size() && text[sc.i + 1] != '\n')
