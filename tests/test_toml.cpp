@@ -24,7 +24,8 @@ std::string refusal(const std::string& text) {
 TEST_CASE("io.toml.non_ascii_where_toml_allows_only_ascii_is_refused") {
   CHECK(refusal("\xc2\xa7") ==
         "t.toml: toml: line 1, column 1: non-ASCII byte 0xC2 outside a string or comment (TOML "
-        "allows it only inside strings and comments)");
+        "allows it only inside strings and comments; if it is in a string, put a blank before the "
+        "opening quote)");
   CHECK(refusal("\xcc\xaa").find("line 1, column 1: non-ASCII byte 0xCC") != std::string::npos);
   CHECK(refusal("a = 1\nb = 2 \xc3\xa9\n").find("line 2, column 7") != std::string::npos);
   CHECK(refusal("s = \"\"\"\\\n\xc2\xa7\"\"\"\n").find("line 2, column 1") != std::string::npos);

@@ -21,7 +21,8 @@ struct Scan {
   [[noreturn]] void refuse() const {
     throw InputError(path, "toml",
                      fmt::format("line {}, column {}: non-ASCII byte 0x{:02X} outside a string or "
-                                 "comment (TOML allows it only inside strings and comments)",
+                                 "comment (TOML allows it only inside strings and comments; if it "
+                                 "is in a string, put a blank before the opening quote)",
                                  line, i - line_start + 1, (unsigned char)s[i]));
   }
   // Closes a multi-line string at i: its delimiter may be preceded by up to two quotes of content.
