@@ -158,3 +158,39 @@ TEST_CASE("extremes.nonfinite_in_a_visible_token_is_refused_with_its_index") {
     }
   }
 }
+
+// Held-out gate seed 1007 (reports/gate-baselines.md): plain MLA with outlier channels. Every
+// element's proven bound must be a finite number; where the implementation errs it is positive.
+TEST_CASE("extremes.plain_mla_outliers_have_finite_bounds") {
+  MlaConfig c = test::tiny_config(Profile::BF16, {0, 17, 40}, 2, NormMode::None, 1007, "tiny-g1");
+  c.scenario = "outliers";
+  c.set_default_scale();
+  const Case k = generate_case(c);
+  const std::vector<ImplId> ids = test::cpu_ids(c);
+  const std::vector<Outputs> outs = run_impls(k, ids);
+  const std::map<std::string, Outputs> bounds = run_bounds(k, ids);
+  TruthOptions o;
+  o.absorbed = true;
+  const Truth t = compute_truth(k, o);
+  int64_t checked = 0;
+  for (const Outputs& out : outs)
+    for (const char* name : {"out", "latent_out"}) {
+      if (!bounds.count(out.impl) || !bounds.at(out.impl).tensors.count(name)) continue;
+      const Tensor& b = bounds.at(out.impl).tensors.at(name);
+      const Tensor& x = out.tensors.at(name);
+      const Tensor& y = t.of(name)->tensors.at(name);
+      const std::vector<bool> mask = valid_mask(k, name);
+      for (int64_t i = 0; i < b.numel(); ++i) {
+        if (!mask.empty() && !mask[size_t(i)]) continue;
+        ++checked;
+        CAPTURE(out.impl);
+        CAPTURE(name);
+        CAPTURE(i);
+        CAPTURE(x[i]);
+        CAPTURE(y[i]);
+        REQUIRE(std::isfinite(b[i]));
+        if (x[i] != y[i]) REQUIRE(b[i] + std::ldexp(std::fabs(y[i]), -100) > 0);
+      }
+    }
+  CHECK(checked > 0);
+}

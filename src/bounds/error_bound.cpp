@@ -50,7 +50,14 @@ EB softmax(std::vector<EB>& l) {
     const long double eta = x.e + u * R + lf;
     // p^ = e^_t / S^, one division rounding; exp(l - m^) may underflow to a subnormal or 0 (the
     // relative analysis then fails), which costs at most the smallest normal absolutely (S^ >= 1).
-    x = {p, up(p * (std::exp(eta + Hs) * (1 + u) - 1) + units().tiny)};
+    // Both p and p^ lie in [0, 1] (S^ >= e^_t: a sum of non-negative terms rounded monotonically),
+    // so |p^ - p| <= 1 whatever the logit errors: the cap keeps a vacuous relative bound (huge
+    // logits, plain MLA with outliers) finite, and 0 * inf (p underflowed to 0) out of it.
+    const long double rel = std::exp(eta + Hs) * (1 + u) - 1;
+    const long double e = rel < std::numeric_limits<long double>::infinity()
+                              ? up(p * rel + units().tiny)
+                              : std::numeric_limits<long double>::infinity();
+    x = {p, std::min(e, 1.0L)};
   }
   // lse^ = fl(m^ + fl(log S^)): log S^ = log S_m^ + xi, |xi| <= Hs; log adds u_f |log S^|; the
   // final addition u |lse^|.

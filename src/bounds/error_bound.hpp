@@ -51,9 +51,12 @@ inline EB operator+(const EB& a, const EB& b) {
 inline EB operator-(const EB& a) { return {-a.v, a.e}; }
 inline EB operator-(const EB& a, const EB& b) { return a + (-b); }
 // B.2 multiplication: |x^y^ - xy| <= |x|ey + |y|ex + ex ey, then one rounding.
+// An exact zero times an unbounded error is zero, not NaN: the term is |x| e_y with x = 0.
+inline long double times0(long double x, long double y) { return x == 0 || y == 0 ? 0 : x * y; }
 inline EB operator*(const EB& a, const EB& b) {
   const long double v = a.v * b.v;
-  const long double d = std::fabs(a.v) * b.e + std::fabs(b.v) * a.e + a.e * b.e;
+  const long double d =
+      times0(std::fabs(a.v), b.e) + times0(std::fabs(b.v), a.e) + times0(a.e, b.e);
   return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
 }
 // B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one
