@@ -65,6 +65,14 @@ Judgement judge_all(const Case& k) {
   return j;
 }
 
+// What every correct implementation must show on a case it can represent.
+void check_all_pass(const Judgement& j) {
+  CAPTURE(j.failures.size() ? j.failures[0] : "");
+  CHECK(j.rows > 0);
+  CHECK(j.failed == 0);
+  CHECK(j.nonfinite_mismatch == 0);
+}
+
 Case make(Profile p, std::vector<int> seqlens, int sq, NormMode n, uint64_t seed) {
   MlaConfig c = test::tiny_config(p, std::move(seqlens), sq, n, seed);
   c.set_default_scale();
@@ -84,11 +92,7 @@ TEST_CASE("extremes.single_visible_token_every_profile") {
     for (NormMode n : {NormMode::Blockwise, NormMode::None}) {
       CAPTURE(to_string(p));
       CAPTURE(to_string(n));
-      const Judgement j = judge_all(make(p, {1, 0}, 1, n, test::seed(71)));
-      CAPTURE(j.failures.size() ? j.failures[0] : "");
-      CHECK(j.rows > 0);
-      CHECK(j.failed == 0);
-      CHECK(j.nonfinite_mismatch == 0);
+      check_all_pass(judge_all(make(p, {1, 0}, 1, n, test::seed(71))));
     }
 }
 
@@ -98,11 +102,7 @@ TEST_CASE("extremes.subnormal_fp32_keys") {
   Case k = make(Profile::FP32, {0, 17}, 2, NormMode::Blockwise, test::seed(72));
   scale(k, "kv_c", 0x1p-140);
   scale(k, "k_pe", 0x1p-140);
-  const Judgement j = judge_all(k);
-  CAPTURE(j.failures.size() ? j.failures[0] : "");
-  CHECK(j.rows > 0);
-  CHECK(j.failed == 0);
-  CHECK(j.nonfinite_mismatch == 0);
+  check_all_pass(judge_all(k));
 }
 
 // Queries of 2^70: their fp32 mean square overflows to inf in the implementations (alpha_q = 0)
@@ -134,11 +134,8 @@ TEST_CASE("extremes.nonfinite_unused_cache_slots_are_never_read") {
           for (int64_t e = 0; e < w; ++e) x.data[size_t((b * T + t) * w + e)] = poison;
     }
     attach_latent(k);
-    const Judgement j = judge_all(k);
     CAPTURE(poison);
-    CAPTURE(j.failures.size() ? j.failures[0] : "");
-    CHECK(j.failed == 0);
-    CHECK(j.nonfinite_mismatch == 0);
+    check_all_pass(judge_all(k));
   }
 }
 
