@@ -24,12 +24,12 @@ Form parse_form(const std::string& s) {
 
 Design spec_design(Profile p, Form f) {
   const DType D = stored_dtype(p), A = accumulate_dtype(p);
-  return {f, D, D, D, A, A, D, D};
+  return {f, D, D, D, A, A, A, D, D};
 }
 
 Design accumulate_design(Profile p, Form f) {
   const DType A = accumulate_dtype(p);
-  return {f, A, A, A, A, A, A, A};
+  return {f, A, A, A, A, A, A, A, A};
 }
 
 namespace {
@@ -95,6 +95,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.rope = x;
     else if (k == "kv")
       d.kv = x;
+    else if (k == "rope_key")
+      d.rope_key = x;
     else if (k == "alpha_k")
       d.alpha_k = x;
     else if (k == "p")
@@ -106,7 +108,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
     else
       throw ConfigError(
           "design." + k,
-          "unknown rounding point (form, q_latent, rope, kv, alpha_k, p, latent_out, out, gains)");
+          "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, latent_out, out, "
+          "gains)");
   }
   return d;
 }
@@ -114,7 +117,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
 std::string to_string(const Design& d) {
   std::string s =
       "form=" + form_name(d.form) + ",q=" + dtype_word(d.q) + ",rope=" + dtype_word(d.rope);
-  if (d.form == Form::Explicit) s += ",kv=" + dtype_word(d.kv);
+  if (d.form == Form::Explicit) s += ",kv=" + dtype_word(d.kv) + ",rope_key=" + dtype_word(d.rope_key);
   s += ",alpha_k=" + dtype_word(d.alpha_k) + ",p=" + dtype_word(d.p);
   if (d.form != Form::Explicit) s += ",latent_out=" + dtype_word(d.latent_out);
   s += ",out=" + dtype_word(d.out);

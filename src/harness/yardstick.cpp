@@ -73,8 +73,11 @@ std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Deliv
   }
   base.out = out;
   const bool lattice = small_case(c);
-  if (form == Form::Explicit)
-    return designs_over(base, {&Design::q, &Design::rope, &Design::kv, &Design::p}, D, A, lattice);
+  if (form == Form::Explicit) {
+    std::vector<DType Design::*> points = {&Design::q, &Design::rope, &Design::kv, &Design::p};
+    if (c.norm == NormMode::Unified && c.d_r > 0) points.push_back(&Design::rope_key);
+    return designs_over(base, points, D, A, lattice);
+  }
   return designs_over(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A,
                       lattice);
 }

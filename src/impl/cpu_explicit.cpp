@@ -98,8 +98,14 @@ ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc*
       e.alpha_k.push_back(inv);
       scale_gain(kg, dc, gk.data(), inv);
       std::vector<Acc> kr = ntr ? zk : zrot;
-      scale_gain(kr.data(), dr, gk.data() + dc, inv);
-      if (ntr) rotate(kr.data(), k, t);
+      if (d.rope_key == A) {
+        scale_gain(kr.data(), dr, gk.data() + dc, inv);
+        if (ntr) rotate(kr.data(), k, t);
+      } else {  // the cached rotated, gain-applied key, stored before alpha_k scales it
+        scale_gain(kr.data(), dr, gk.data() + dc, Acc(1));
+        if (ntr) rotate(kr.data(), k, t);
+        for (Acc& x : kr) x = store(d.rope_key, x) * inv;
+      }
       e.kr.insert(e.kr.end(), kr.begin(), kr.end());
     }
   }
