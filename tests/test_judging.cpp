@@ -13,8 +13,8 @@ using namespace qkmla;
 TEST_CASE("judge.design.parse_and_print_round_trip") {
   for (Profile p : {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
     for (const char* text : {"", "q_latent=acc,p=stored", "form=explicit,kv=acc,out=fp32",
-                             "form=explicit,rope_key=stored",
-                             "gains=merged,alpha_k=bf16", "latent_out=fp32,gains=runtime"}) {
+                             "form=explicit,rope_key=stored", "gains=merged,alpha_k=bf16",
+                             "latent_out=fp32,gains=runtime"}) {
       const Design d = parse_design(text, p, Form::Absorbed);
       CAPTURE(text);
       CHECK(parse_design(to_string(d), p, Form::Absorbed) == d);

@@ -106,10 +106,10 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
     else if (k == "out")
       d.out = x;
     else
-      throw ConfigError(
-          "design." + k,
-          "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, latent_out, out, "
-          "gains)");
+      throw ConfigError("design." + k,
+                        "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
+                        "latent_out, out, "
+                        "gains)");
   }
   return d;
 }
@@ -117,7 +117,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
 std::string to_string(const Design& d) {
   std::string s =
       "form=" + form_name(d.form) + ",q=" + dtype_word(d.q) + ",rope=" + dtype_word(d.rope);
-  if (d.form == Form::Explicit) s += ",kv=" + dtype_word(d.kv) + ",rope_key=" + dtype_word(d.rope_key);
+  if (d.form == Form::Explicit)
+    s += ",kv=" + dtype_word(d.kv) + ",rope_key=" + dtype_word(d.rope_key);
   s += ",alpha_k=" + dtype_word(d.alpha_k) + ",p=" + dtype_word(d.p);
   if (d.form != Form::Explicit) s += ",latent_out=" + dtype_word(d.latent_out);
   s += ",out=" + dtype_word(d.out);

@@ -15,9 +15,9 @@ enum class Form { Explicit, Absorbed, Kernel };
 
 struct Design {
   Form form = Form::Absorbed;
-  DType q = DType::F32;           // absorbed: q_latent; explicit: the normalized content query qc^
-  DType rope = DType::F32;        // the query and key rope parts (qr^, kr^ or their unified forms)
-  DType kv = DType::F32;          // explicit only: the materialized keys kc^ and values v
+  DType q = DType::F32;     // absorbed: q_latent; explicit: the normalized content query qc^
+  DType rope = DType::F32;  // the query and key rope parts (qr^, kr^ or their unified forms)
+  DType kv = DType::F32;    // explicit only: the materialized keys kc^ and values v
   // explicit, unified norm only: the gain-applied rope key before alpha_k scales it, stored where
   // a kernel caches its rotated keys and normalizes at attention time. Not a SPEC §3 point: A.
   DType rope_key = DType::F32;
@@ -30,8 +30,8 @@ struct Design {
   bool gains_merged = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
-           alpha_k == o.alpha_k &&
-           p == o.p && latent_out == o.latent_out && out == o.out && gains_merged == o.gains_merged;
+           alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
+           gains_merged == o.gains_merged;
   }
 };
 
@@ -42,9 +42,9 @@ Design spec_design(Profile p, Form f);
 Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
-// kv, rope_key, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the
-// profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the keys
-// given. ConfigError names the key.
+// kv, rope_key, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for
+// the profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the
+// keys given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
 std::string form_name(Form f);
