@@ -18,13 +18,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
 QKMLA_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
 export QKMLA_COMMIT
-step() {  # name, seconds, command...: run with a time limit, log its exit code
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  echo "$name: exit $? after $((SECONDS - t0)) s" >> "$OUT/steps.txt"
-}
+source "$(dirname "$0")/device_steps.sh"  # step NAME SECONDS COMMAND...
 { date -u; echo "commit $QKMLA_COMMIT"; nvidia-smi || true; } > "$OUT/device.txt" 2>&1
 cp "$B/ptxas.txt" "$OUT/ptxas.txt" 2>/dev/null
 step kernels-vs-model 120 "$B/tests/gpu_device_tests" bits > "$OUT/kernels-vs-model.txt" 2>&1

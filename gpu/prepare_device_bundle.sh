@@ -9,9 +9,13 @@ W=build-device-work B=build-device
 cmake -S . -B "$W" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON > /dev/null
 touch gpu/device_pipeline.cu gpu/bench.cu  # recompile the kernels so that their ptxas summary is captured
 rm -rf "$B"  # no stale bundle survives a failed build
-# The whole build log is kept: a failed build stops here (set -e) and shows the compiler's errors.
+# The whole build log is kept: a failed build stops here and shows the compiler's errors.
 if ! cmake --build "$W" -j2 --target qkmla gpu_device_tests > "$W/build.log" 2>&1; then
-  tail -40 "$W/build.log" >&2
+  # The compiler's errors first: in a parallel build the log's tail is often another job's output
+  # (ptxas summaries), not the error that stopped the build.
+  grep -E -B2 -A6 '(error|fatal)( |:)|#error' "$W/build.log" | head -80 >&2
+  echo "... (last lines of the log:)" >&2
+  tail -5 "$W/build.log" >&2
   echo "prepare_device_bundle: build failed (log: $W/build.log); no bundle made" >&2
   exit 1
 fi

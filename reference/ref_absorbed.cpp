@@ -110,8 +110,8 @@ Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) 
 }
 
 // A.3 (U.1): the cached rope part of token t and its alpha_k per group.
-void cache_row(const Ctx& x, const Dots& d, int b, int64_t t, const std::vector<ExactProduct>& gram,
-               MpVec& rope, MpVec& alpha_k) {
+void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
+               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k) {
   const MlaConfig& c = x.k.cfg;
   const Tensor& kpe = x.k.get("k_pe");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
@@ -126,8 +126,7 @@ void cache_row(const Ctx& x, const Dots& d, int b, int64_t t, const std::vector<
   const Mp rope_sq = sum_squares(rope);  // raw, or rotated (unified rope_then_norm)
   for (int g = 0; g < c.groups; ++g) {
     MpVec key(size_t(c.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
-    for (int j = 0; j < c.d_c; ++j)
-      set_expansion(key[size_t(j)], d.k0c[size_t(b)].entry(t, g * c.d_c + j));
+    for (int j = 0; j < c.d_c; ++j) set_expansion(key[size_t(j)], k0c.entry(t, g * c.d_c + j));
     Mp ss = x.v == Variant::GramAlphaK ? gram_sum_squares(x.k, gram[size_t(g)], b, t)
                                        : sum_squares(key);
     int n = c.d_c;
@@ -191,9 +190,10 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
         q.rope.push_back(std::move(rope));
       }
     MpLatentCache cache;
+    Dots::Cursor k0c = d.cursor(k, b, Dots::Which::K0c);
     for (int64_t t = 0; t < T; ++t) {
       MpVec rope, ak;
-      cache_row(x, d, b, t, gram, rope, ak);
+      cache_row(x, k0c, b, t, gram, rope, ak);
       for (int g = 0; g < c.groups; ++g)
         store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), ak[size_t(g)]);
       cache.rope.push_back(std::move(rope));

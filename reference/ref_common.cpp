@@ -39,17 +39,18 @@ Mp dot(const MpVec& a, const MpVec& b) {
   return acc;
 }
 
-void softmax(const MpVec& logits, Mp& lse, MpVec& p) {
-  p.clear();
-  if (logits.empty()) {
-    lse = -std::numeric_limits<double>::infinity();
-    return;
-  }
+Mp softmax_lse(const MpVec& logits) {
+  if (logits.empty()) return -std::numeric_limits<double>::infinity();
   Mp m = logits[0];
   for (const Mp& l : logits) m = std::max(m, l);  // the shift only guards exp's range
   Mp sum = 0;
   for (const Mp& l : logits) sum += exp(l - m);
-  lse = m + log(sum);
+  return m + log(sum);
+}
+
+void softmax(const MpVec& logits, Mp& lse, MpVec& p) {
+  p.clear();
+  lse = softmax_lse(logits);
   p.reserve(logits.size());
   for (const Mp& l : logits) p.push_back(exp(l - lse));
 }

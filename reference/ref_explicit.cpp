@@ -60,7 +60,7 @@ struct KeyRow {
 };
 
 // E.1-E.4 on cached token t of sequence b.
-KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
+KeyRow key_row(const Case& k, Dots::Cursor& k0c_exact, int b, int64_t t, const Mp& eps) {
   const MlaConfig& c = k.cfg;
   const Tensor& kpe = k.get("k_pe");
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
@@ -71,7 +71,7 @@ KeyRow key_row(const Case& k, const Dots& d, int b, int64_t t, const Mp& eps) {
   for (int g = 0; g < c.groups; ++g) {
     MpVec k0c(size_t(c.d_c));  // E.1: k0c[t, g] = c[t] . WK_g, exact then rounded once
     for (int j = 0; j < c.d_c; ++j)
-      set_expansion(k0c[size_t(j)], d.k0c[size_t(b)].entry(t, g * c.d_c + j));
+      set_expansion(k0c[size_t(j)], k0c_exact.entry(t, g * c.d_c + j));
     if (c.norm == NormMode::None) {  // plain MLA: the raw key
       row.alpha_k.push_back(Mp(1));
       row.kc.push_back(std::move(k0c));
@@ -121,9 +121,12 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
         rows.push_back(query_row(k, b, i, h, eps));
         store(o, "alpha_q", o.tensors["alpha_q"].index({b, i, h}), rows.back().alpha_q);
       }
-    std::vector<MpVec> logits(rows.size());  // E.5: visible logits per row, in t order
+    // E.5: visible logits per row, in t order: the only per-token state kept (keys and values
+    // are formed a token at a time, from the exact products' blocks).
+    std::vector<MpVec> logits(rows.size());
+    Dots::Cursor k0c = d.cursor(k, b, Dots::Which::K0c);
     for (int64_t t = 0; t < T; ++t) {
-      const KeyRow key = key_row(k, d, b, t, eps);
+      const KeyRow key = key_row(k, k0c, b, t, eps);
       for (int g = 0; g < c.groups; ++g)
         store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), key.alpha_k[size_t(g)]);
       for (int i = 0; i < c.s_q; ++i)
@@ -136,28 +139,28 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
               plain_logit(scale, dot(q.qc, key.kc[g]), dot(q.qr, kr)));
         }
     }
-    std::vector<MpVec> probs(rows.size());  // E.6
+    MpVec lse(rows.size());  // E.6; p = exp(logit - lse) is formed again as E.7 reads it
     for (size_t row = 0; row < rows.size(); ++row) {
-      Mp lse;
-      softmax(logits[row], lse, probs[row]);
-      store(o, "lse", int64_t(b * c.s_q * c.heads) + int64_t(row), lse);
+      lse[row] = softmax_lse(logits[row]);
+      store(o, "lse", int64_t(b * c.s_q * c.heads) + int64_t(row), lse[row]);
     }
     // E.7: out = sum_t p v[t, g(h)], v exact then rounded once; latent_out likewise with c[t].
     std::vector<MpVec> out(rows.size(), MpVec(size_t(c.d_v), Mp(0)));
     std::vector<MpVec> lat(with_latent_out ? rows.size() : 0, MpVec(size_t(c.latent_rank), Mp(0)));
     std::vector<size_t> seen(rows.size(), 0);
-    Mp tmp;
+    Mp tmp, p;
+    Dots::Cursor v_exact = d.cursor(k, b, Dots::Which::V);
     std::vector<MpVec> v(size_t(c.groups), MpVec(size_t(c.d_v)));  // v[t, g] [G][d_v]
     MpVec ct(with_latent_out ? size_t(c.latent_rank) : 0);         // c[t] [r]
     for (int64_t t = 0; t < T; ++t) {
       for (int g = 0; g < c.groups; ++g)
         for (int j = 0; j < c.d_v; ++j)
-          set_expansion(v[size_t(g)][size_t(j)], d.v[size_t(b)].entry(t, g * c.d_v + j));
+          set_expansion(v[size_t(g)][size_t(j)], v_exact.entry(t, g * c.d_v + j));
       for (size_t j = 0; j < ct.size(); ++j) ct[j] = kv.at({b, t, int64_t(j)});
       for (size_t row = 0; row < rows.size(); ++row) {
         const int i = int(row) / c.heads, h = int(row) % c.heads;
         if (!token_visible(c.causal, T, c.s_q, i, t)) continue;
-        const Mp& p = probs[row][seen[row]++];
+        p = exp(logits[row][seen[row]++] - lse[row]);
         for (int j = 0; j < c.d_v; ++j)
           mac(out[row][size_t(j)], p, v[size_t(c.group_of(h))][size_t(j)], tmp);
         if (with_latent_out)
@@ -178,23 +181,6 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out) {
   }
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
-}
-
-Dots exact_dots(const Case& k) {
-  const auto start = std::chrono::steady_clock::now();
-  const MlaConfig& c = k.cfg;
-  const Tensor& kv = k.latent();
-  const Tensor& wk = k.get("w_uk");
-  const Tensor& wv = k.get("w_uv");
-  Dots d;
-  for (int b = 0; b < c.batch; ++b) {
-    const double* cb = kv.ptr({b, 0, 0});
-    const int64_t T = c.seqlens[size_t(b)], r = c.latent_rank;
-    d.k0c.push_back(exact_matmul(cb, r, T, r, wk.data.data(), wk.shape[1], wk.shape[1]));
-    d.v.push_back(exact_matmul(cb, r, T, r, wv.data.data(), wv.shape[1], wv.shape[1]));
-  }
-  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return d;
 }
 
 }  // namespace qkmla::ref

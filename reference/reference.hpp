@@ -8,17 +8,9 @@
 #include "core/outputs.hpp"
 #include "core/perturbation.hpp"
 #include "core/variant.hpp"
-#include "reference/exact_dot.hpp"
+#include "reference/dots.hpp"
 
 namespace qkmla::ref {
-
-// X.1-X.2: the exact products every multiprecision stage starts from, per batch entry b:
-// k0c[b] = kv_c[b, :T_b] * w_uk  [T_b, G*d_c],  v[b] = kv_c[b, :T_b] * w_uv  [T_b, G*d_v].
-struct Dots {
-  std::vector<ExactProduct> k0c, v;
-  double seconds = 0.0;
-};
-Dots exact_dots(const Case& k);
 
 // Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders.
 Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out);

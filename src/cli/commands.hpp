@@ -15,6 +15,7 @@ Runner add_mutants(CLI::App& app, const std::string& command_line);
 Runner add_golden(CLI::App& app, const std::string& command_line);
 Runner add_audit(CLI::App& app, const std::string& command_line);
 Runner add_certify(CLI::App& app, const std::string& command_line);
+Runner add_reference(CLI::App& app, const std::string& command_line);
 Runner add_converge(CLI::App& app, const std::string& command_line);
 Runner add_bench(CLI::App& app, const std::string& command_line);
 

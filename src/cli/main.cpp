@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   add(cli::add_golden(app, command_line));
   add(cli::add_audit(app, command_line));
   add(cli::add_certify(app, command_line));
+  add(cli::add_reference(app, command_line));
   add(cli::add_converge(app, command_line));
   add(cli::add_bench(app, command_line));
   try {

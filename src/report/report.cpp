@@ -220,7 +220,7 @@ Report run_report(const ReportOptions& opts) {
     pr.profile = to_string(opts.profiles[i]);
     pr.bits = t.bits, pr.check_bits = t.check_bits;
     pr.agreeing_bits = t.agreeing_bits, pr.required_bits = t.required_bits;
-    pr.dots_seconds = t.dots.seconds, pr.explicit_seconds = t.explicit_p.seconds;
+    pr.dots_seconds = t.dots.seconds(), pr.explicit_seconds = t.explicit_p.seconds;
     pr.absorbed_seconds = t.absorbed_p.seconds, pr.check_seconds = t.check.seconds;
     rep.references.push_back(pr);
     const std::vector<Row> rows = rows_of(runs[i], t, rule);

@@ -3,11 +3,13 @@
 //   gpu_device_tests bits   every profile x split boundaries x S_q x norms x forms x plans
 //   gpu_device_tests bits-small   tiny shapes, bf16 and fp8 only: for compute-sanitizer
 //   gpu_device_tests bench  a short `run_bench` (two contexts)
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #define DOCTEST_CONFIG_DISABLE  // helpers.hpp only; this runner is not a doctest binary
 #include "gpu/qkmla_gpu.hpp"
@@ -133,6 +135,12 @@ int bench() {
 int main(int argc, char** argv) {
   // Line-buffered even into a file: a run killed by a time limit keeps every finished line.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (argc > 1 && std::string(argv[1]) == "stall") {  // tests/gpu/device_scripts.sh: a hung step
+    std::printf("stall: this line was printed before the hang\n");
+    std::cout << "stall: so was this one" << std::endl;
+    std::printf("stall: and this one, not flushed by hand\n");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   std::string why;
   if (!gpu::device_available(&why)) {
     std::cout << "SKIP: " << why << "\n";
@@ -148,6 +156,6 @@ int main(int argc, char** argv) {
     std::cout << "FAIL: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: gpu_device_tests bits|bits-small|bench\n";
+  std::cerr << "usage: gpu_device_tests bits|bits-small|bench|stall\n";
   return 2;
 }

@@ -1,0 +1,137 @@
+#include "reference/dots.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <future>
+#include <mutex>
+
+namespace qkmla::ref {
+
+struct Dots::Shared {
+  std::mutex m;
+  int cached = 8;
+  std::map<Key, std::shared_future<std::shared_ptr<const ExactProduct>>> blocks;
+  std::deque<Key> order;  // insertion order: the oldest block is dropped first
+  double seconds = 0.0;
+  int64_t formed = 0;
+};
+
+namespace {
+
+std::shared_ptr<const ExactProduct> form(const Case& k, int b, Dots::Which w, int64_t t0,
+                                         int64_t t1) {
+  const MlaConfig& c = k.cfg;
+  const Tensor& kv = k.latent();
+  const Tensor& wt = k.get(w == Dots::Which::K0c ? "w_uk" : "w_uv");
+  const int64_t r = c.latent_rank;
+  const double* rows = t1 > t0 ? kv.ptr({b, t0, 0}) : nullptr;
+  return std::make_shared<const ExactProduct>(
+      exact_matmul(rows, r, t1 - t0, r, wt.data.data(), wt.shape[1], wt.shape[1]));
+}
+
+}  // namespace
+
+Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
+  shared_->cached = o.cached;
+  if (streaming()) return;
+  const auto start = std::chrono::steady_clock::now();
+  for (int b = 0; b < k.cfg.batch; ++b)
+    for (Which w : {Which::K0c, Which::V}) {
+      std::promise<std::shared_ptr<const ExactProduct>> p;
+      p.set_value(form(k, b, w, 0, k.cfg.seqlens[size_t(b)]));
+      shared_->blocks[{b, int(w), 0}] = p.get_future().share();
+      ++shared_->formed;
+    }
+  shared_->seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, int64_t t0) const {
+  const Key key{b, int(w), t0};
+  std::promise<std::shared_ptr<const ExactProduct>> mine;
+  {
+    std::unique_lock<std::mutex> lock(shared_->m);
+    auto it = shared_->blocks.find(key);
+    if (it != shared_->blocks.end()) {
+      const auto formed = it->second;  // formed, or being formed by another run
+      lock.unlock();
+      return formed.get();
+    }
+    shared_->blocks[key] = mine.get_future().share();
+    shared_->order.push_back(key);
+    if (int(shared_->order.size()) > shared_->cached) {
+      shared_->blocks.erase(shared_->order.front());  // readers hold their own shared_ptr
+      shared_->order.pop_front();
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
+  std::shared_ptr<const ExactProduct> p;
+  try {
+    p = form(k, b, w, t0, t1);
+  } catch (...) {  // waiters see the same error; the block stays unformed
+    mine.set_exception(std::current_exception());
+    throw;
+  }
+  mine.set_value(p);
+  std::lock_guard<std::mutex> lock(shared_->m);
+  shared_->seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++shared_->formed;
+  return p;
+}
+
+Dots::Cursor Dots::cursor(const Case& k, int b, Which w) const { return Cursor(*this, k, b, w); }
+
+std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
+  if (!block_ || t < t0_ || t >= t1_) {
+    const int64_t T = k_->cfg.seqlens[size_t(b_)];
+    t0_ = d_->streaming() ? t - t % d_->block_tokens_ : 0;
+    t1_ = d_->streaming() ? std::min<int64_t>(t0_ + d_->block_tokens_, T) : T;
+    block_.reset();
+    if (ahead_.valid() && ahead_t0_ == t0_) {
+      block_ = ahead_.get();
+    } else {
+      if (ahead_.valid()) ahead_.wait();  // a block this run skipped: let it finish
+      block_ = d_->block(*k_, b_, w_, t0_);
+    }
+    if (d_->streaming() && t1_ < T) {
+      const Dots* d = d_;
+      const Case* k = k_;
+      const int b = b_;
+      const Which w = w_;
+      const int64_t next = t1_;
+      ahead_t0_ = next;
+      ahead_ =
+          std::async(std::launch::async, [d, k, b, w, next] { return d->block(*k, b, w, next); });
+    }
+  }
+  return block_->entry(t - t0_, j);
+}
+
+double Dots::seconds() const {
+  if (!shared_) return 0.0;
+  std::lock_guard<std::mutex> lock(shared_->m);
+  return shared_->seconds;
+}
+
+int64_t Dots::blocks_formed() const {
+  if (!shared_) return 0;
+  std::lock_guard<std::mutex> lock(shared_->m);
+  return shared_->formed;
+}
+
+Dots exact_dots(const Case& k, int64_t whole_bytes) {
+  const MlaConfig& c = k.cfg;
+  int64_t tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  if (whole_bytes < 0) {
+    const char* env = std::getenv("QKMLA_WHOLE_PRODUCTS_MIB");
+    whole_bytes = env ? std::strtoll(env, nullptr, 10) << 20 : int64_t(1) << 30;
+  }
+  const int64_t bytes = tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
+  return Dots(k, {bytes <= whole_bytes ? 0 : 256, 8});
+}
+
+}  // namespace qkmla::ref

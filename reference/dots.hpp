@@ -1,0 +1,75 @@
+// X.1-X.2: the exact products every multiprecision stage starts from, per batch entry b:
+// k0c[b] = kv_c[b, :T_b] * w_uk  [T_b, G*d_c],  v[b] = kv_c[b, :T_b] * w_uv  [T_b, G*d_v].
+//
+// Every entry's expansion depends only on its own token row and the weights (exact_dot.hpp), so
+// the products may be formed a block of tokens at a time: the same bits either way. Short
+// contexts are formed whole, once, and shared by every run. Long contexts stream: blocks are formed
+// when a run first reads them, shared with any run reading them while they are cached, and at most
+// `cached` blocks are kept, so memory is independent of the context length (proofs/reference.md,
+// "Streaming").
+#pragma once
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <span>
+#include <tuple>
+
+#include "core/case.hpp"
+#include "reference/exact_dot.hpp"
+
+namespace qkmla::ref {
+
+class Dots {
+ public:
+  enum class Which { K0c, V };
+  struct Options {
+    int64_t block_tokens = 0;  // 0: every sequence whole, formed at construction
+    int cached = 8;            // streaming: blocks kept (each run holds at most one more)
+  };
+
+  Dots() = default;
+  Dots(const Case& k, Options o);
+
+  // Reads one product of sequence b in increasing (or any) token order; holds the block it read
+  // last, so an entry stays valid until the next entry() call on this cursor. Streaming, it forms
+  // the next block on a helper thread while the run reads this one (the products are plain double
+  // arithmetic, the run's multiprecision stages the rest: the two overlap).
+  class Cursor {
+   public:
+    std::span<const double> entry(int64_t t, int64_t j);
+
+   private:
+    friend class Dots;
+    Cursor(const Dots& d, const Case& k, int b, Which w) : d_(&d), k_(&k), b_(b), w_(w) {}
+    const Dots* d_;
+    const Case* k_;
+    int b_;
+    Which w_;
+    int64_t t0_ = 0, t1_ = 0;
+    std::shared_ptr<const ExactProduct> block_;
+    int64_t ahead_t0_ = -1;
+    std::future<std::shared_ptr<const ExactProduct>> ahead_;  // the block from ahead_t0_
+  };
+  // k: the case the products were made for (Dots keeps no pointer to it: cases move).
+  Cursor cursor(const Case& k, int b, Which w) const;
+
+  double seconds() const;         // time spent forming products, over all threads
+  int64_t blocks_formed() const;  // streaming: > blocks in the case when runs did not share them
+  bool streaming() const { return block_tokens_ > 0; }
+
+ private:
+  using Key = std::tuple<int, int, int64_t>;  // (b, which, first token)
+  std::shared_ptr<const ExactProduct> block(const Case& k, int b, Which w, int64_t t0) const;
+
+  int64_t block_tokens_ = 0;
+  struct Shared;
+  std::shared_ptr<Shared> shared_;
+};
+
+// The products of a case: whole when the case's exact products fit in `whole_bytes`, streamed by
+// 256-token blocks otherwise. -1: QKMLA_WHOLE_PRODUCTS_MIB from the environment if set (0 streams
+// every case), else 1 GiB (every preset at its default context is formed whole).
+Dots exact_dots(const Case& k, int64_t whole_bytes = -1);
+
+}  // namespace qkmla::ref

@@ -1,0 +1,103 @@
+// qkmla reference: the multiprecision truth of one case (ref.explicit at P and its check at P + 64)
+// with what it cost: wall time, peak memory and how far from the machine's limit it ran. The
+// long-context benchmark (reports/long_context.sh) runs it at 32k-256k tokens.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <memory>
+
+#include "cli/case_flags.hpp"
+#include "cli/commands.hpp"
+#include "cli/provenance.hpp"
+#include "core/generator.hpp"
+#include "harness/fma_rate.hpp"
+#include "harness/resources.hpp"
+#include "harness/truth.hpp"
+
+namespace qkmla::cli {
+
+namespace {
+
+struct ReferenceFlags {
+  CaseFlags c;
+  std::string output;
+  int threads = 2;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) * 1024.0;  // Linux: kilobytes
+}
+
+// Memory the truth of a streamed case holds: the case as doubles, each run's logits (one MPFR
+// value of ~64 B per visible row x token), the cached product blocks; 2x margin on the logits.
+double reference_peak_bytes(const MlaConfig& c) {
+  int64_t tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  const double rows = double(c.s_q) * c.heads;
+  return 200e6 + double(tokens) * 8.0 * (c.latent_rank + c.d_r) + double(tokens) * rows * 128.0 +
+         double(c.latent_rank) * c.groups * (c.d_c + c.d_v) * 16.0;
+}
+
+}  // namespace
+
+Runner add_reference(CLI::App& app, const std::string& command_line) {
+  auto f = std::make_shared<ReferenceFlags>();
+  auto* cmd = app.add_subcommand(
+      "reference", "the multiprecision truth of one case: time, peak memory, agreeing bits");
+  add_case_flags(*cmd, f->c, 4096);
+  cmd->add_option("--threads", f->threads, "threads (exact products overlap the runs)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
+  return [f, command_line] {
+    const auto t0 = std::chrono::steady_clock::now();
+    MlaConfig cfg = build_config(f->c, 4096);
+    cfg.profile = build_profiles(f->c, {Profile::BF16}).at(0);
+    if (reference_peak_bytes(cfg) > available_bytes(nullptr))
+      throw ResourceError(fmt::format("qkmla reference: this case needs about {}; {} available",
+                                      human_bytes(reference_peak_bytes(cfg)),
+                                      human_bytes(available_bytes(nullptr))));
+    const Case k = generate_case(cfg);
+    const double generate_s = seconds_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    TruthOptions o;
+    o.threads = f->threads;
+    const Truth t = compute_truth(k, o);
+    const double truth_s = seconds_since(t1);
+    int64_t tokens = 0;
+    for (int n : cfg.seqlens) tokens += n;
+    // The explicit form's exact products: T G (d_c + d_v) r multiply-adds, each at least one FMA.
+    const double macs = double(tokens) * cfg.groups * (cfg.d_c + cfg.d_v) * cfg.latent_rank;
+    const double rate = measured_fma_rate(f->threads);
+    const std::string text = fmt::format(
+        "qkmla reference: preset {} (H={} G={} r={} d_c={} d_r={} d_v={}), seqlens [{}], S_q {}, "
+        "{} norm, scenario {}, seed {}, profile {}\nMade by {}\n"
+        "  products           {} (streamed: {}, blocks formed {})\n"
+        "  generate case      {:.1f} s\n"
+        "  truth              {:.1f} s (exact products {:.1f} s of thread time, ref.explicit "
+        "{:.1f} "
+        "s at {} bits, check {:.1f} s at {} bits)\n"
+        "  agreeing bits      {:.1f} (required {:.0f}: {})\n"
+        "  peak RSS           {}\n"
+        "  exact MACs         {:.3g}; fp64 FMA rate {:.3g}/s on {} threads: limit {:.1f} s, "
+        "truth at {:.1f} % of it\n",
+        cfg.preset, cfg.heads, cfg.groups, cfg.latent_rank, cfg.d_c, cfg.d_r, cfg.d_v,
+        fmt::join(cfg.seqlens, ","), cfg.s_q, to_string(cfg.norm), cfg.scenario, cfg.seed,
+        to_string(cfg.profile), provenance(command_line, f->threads),
+        t.dots.streaming() ? "256-token blocks" : "whole", t.dots.streaming() ? "yes" : "no",
+        t.dots.blocks_formed(), generate_s, truth_s, t.dots.seconds(), t.explicit_p.seconds, t.bits,
+        t.check.seconds, t.check_bits, t.agreeing_bits, t.required_bits,
+        t.ok() ? "ok" : "NOT ENOUGH", human_bytes(peak_rss_bytes()), macs, rate, f->threads,
+        macs / rate, 100.0 * macs / rate / truth_s);
+    if (const int w = write_output(text, f->output)) return w;
+    return t.ok() ? 0 : 1;
+  };
+}
+
+}  // namespace qkmla::cli

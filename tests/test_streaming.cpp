@@ -1,0 +1,68 @@
+// reference.streaming.*: the exact products formed a block of tokens at a time (reference/dots.hpp)
+// give the reference the same bits as the products formed whole, whether the runs share the blocks
+// or form them again, and the streamed reference holds no per-token keys or values.
+#include <doctest/doctest.h>
+
+#include "core/parallel.hpp"
+#include "helpers.hpp"
+#include "reference/mp.hpp"
+#include "reference/reference.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+// Every element of every tensor, hi and lo, bit for bit.
+void check_identical(const Outputs& a, const Outputs& b) {
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    CAPTURE(name);
+    REQUIRE(b.tensors.count(name));
+    const Tensor& u = b.tensors.at(name);
+    REQUIRE(t.data.size() == u.data.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const bool same =
+          t.data[i] == u.data[i] || (t.data[i] != t.data[i] && u.data[i] != u.data[i]);
+      const bool same_lo = !a.lo.count(name) || a.lo.at(name).data[i] == b.lo.at(name).data[i] ||
+                           a.lo.at(name).data[i] != a.lo.at(name).data[i];
+      differ += !(same && same_lo);
+    }
+    CHECK(differ == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reference.streaming.blocks_equal_whole_products") {
+  const uint64_t s = test::seed(1201);
+  CAPTURE(s);
+  // Two sequences over several 64-token blocks (one partial), an empty one, S_q 2, both norms.
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
+    CAPTURE(int(norm));
+    const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
+    const ref::Dots whole = ref::exact_dots(k);
+    REQUIRE_FALSE(whole.streaming());
+    // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
+    // explicit run reads later, so both sharing and re-forming happen.
+    const ref::Dots blocks(k, {64, 2});
+    ref::PrecisionScope scope(113);
+    const Outputs ex_whole = ref::ref_explicit(k, whole, true);
+    const Outputs ab_whole = ref::ref_absorbed(k, whole);
+    Outputs ex_blocks, ab_blocks;
+    run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
+                  [&] { ab_blocks = ref::ref_absorbed(k, blocks); }},
+                 2);
+    check_identical(ex_whole, ex_blocks);
+    check_identical(ab_whole, ab_blocks);
+    // 3 + 3 blocks of k0c read by both runs, 3 + 3 of v by the explicit run: at least 12 formed.
+    CHECK(blocks.blocks_formed() >= 12);
+  }
+}
+
+TEST_CASE("reference.streaming.long_cases_stream") {
+  const Case k = generate_case(test::tiny_config(Profile::BF16, {5000}, 1));
+  // [5000, G*(d_c+d_v)] products: whole under a large budget, streamed under a small one.
+  CHECK_FALSE(ref::exact_dots(k).streaming());
+  CHECK(ref::exact_dots(k, 1 << 20).streaming());
+}
