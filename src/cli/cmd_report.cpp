@@ -1,8 +1,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -14,6 +17,7 @@
 #include "harness/resources.hpp"
 #include "io/safetensors.hpp"
 #include "report/charts.hpp"
+#include "report/contexts.hpp"
 #include "report/report.hpp"
 
 namespace qkmla::cli {
@@ -68,8 +72,55 @@ struct ReportFlags {
   int check_bits = 0;
   int threads = 2;
   std::string format = "table", output, plot;
+  std::vector<int> contexts;
   ReportView view;
 };
+
+std::string clock(double s) { return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60); }
+
+// "\r[qkmla] 37 % elapsed 1m02s, remaining ~1m45s" on a terminal's stderr, redrawn in place.
+std::function<void(double, double)> progress_bar() {
+  if (!isatty(2)) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [start](double done, double total) {
+    const double el =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double f = total > 0 ? done / total : 1;
+    const int width = 30, filled = int(f * width + 0.5);
+    std::cerr << fmt::format("\r[qkmla] [{}{}] {:3.0f} % elapsed {}, remaining ~{}",
+                             std::string(size_t(filled), '#'),
+                             std::string(size_t(width - filled), '.'), 100 * f, clock(el),
+                             f > 0 ? clock(el / f - el) : "?")
+              << (done >= total ? "\n" : "") << std::flush;
+  };
+}
+
+// --contexts: the report at each context, one profile at a time.
+int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& command_line) {
+  if (f.format == "html" || f.format == "csv")
+    throw ConfigError("format", "--contexts prints table, md or json");
+  std::vector<int> contexts = f.contexts;
+  std::sort(contexts.begin(), contexts.end());
+  MlaConfig largest = opts.cfg;
+  largest.seqlens.assign(size_t(largest.batch), contexts.back());
+  require_memory({largest}, fmt::format("--contexts up to {} tokens", contexts.back()),
+                 "smaller --contexts (each context runs one profile at a time)");
+  opts.progress = {};
+  const ContextSweep s = run_context_sweep(opts, contexts, progress_bar());
+  const std::string how = provenance(command_line, opts.threads);
+  if (!f.plot.empty())
+    if (std::string err = write_context_charts(s, f.plot); !err.empty())
+      throw InputError(f.plot, "plot", err);
+  const std::string text = f.format == "json" ? render_context_json(s, how)
+                                              : render_context_table(s, how, f.format == "md");
+  if (const int rc = write_output(text, f.output)) return rc;
+  if (!s.reference_ok()) {
+    std::cerr << "qkmla report: refused: the reference agrees with its check run on fewer bits "
+                 "than required at some context; raise --ref-bits\n";
+    return 1;
+  }
+  return 0;
+}
 
 // The charts as SVG documents (drawn to `path`, or to a temporary file for HTML only).
 std::vector<std::string> charts(const Report& r, const std::string& path, bool want) {
@@ -114,6 +165,14 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--plot", f->plot,
                   "draw rel_l2 of out and lse by implementation and profile: FILE.svg and "
                   "FILE-lse.svg (gnuplot)");
+  cmd->add_option("--contexts", f->contexts,
+                  "error against context: the report at each of these tokens per sequence "
+                  "(comma separated), one profile at a time; --plot draws rel_l2 and max_ulp of "
+                  "out against context per profile")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->excludes("--wide")
+      ->excludes("--worst-first");
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
   return [f, command_line] {
     ReportOptions opts;
@@ -124,6 +183,7 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
     if (opts.check_bits && opts.check_bits <= opts.ref_bits)
       throw ConfigError("check-bits", "must exceed --ref-bits");
     opts.threads = f->threads;
+    if (!f->contexts.empty()) return run_contexts(*f, opts, command_line);
     if (isatty(2))
       opts.progress = [](const std::string& s) { std::cerr << "[qkmla] " << s << "\n"; };
     std::vector<MlaConfig> at_once;  // the report holds every profile's case and truth at once

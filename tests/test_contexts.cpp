@@ -1,0 +1,78 @@
+// report.contexts.*: the error-against-context sweep (report/contexts.hpp) and its CLI.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.hpp"
+#include "core/presets.hpp"
+#include "report/contexts.hpp"
+
+using namespace qkmla;
+
+TEST_CASE("report.contexts.one_column_per_context_one_line_per_implementation") {
+  ReportOptions o;
+  o.cfg = config_for(find_preset("tiny"), 1);
+  o.cfg.seed = 7;
+  o.profiles = {Profile::BF16, Profile::FP8};
+  std::vector<double> seen;
+  const ContextSweep s = run_context_sweep(
+      o, {8, 40}, [&](double done, double total) { seen.push_back(done / total); });
+  REQUIRE(s.at.size() == 2);
+  // Progress is token-weighted and ends at 1: 8 / 96, 16 / 96, 56 / 96, 96 / 96.
+  REQUIRE(seen.size() == 4);
+  CHECK(seen.front() == doctest::Approx(8.0 / 96));
+  CHECK(seen.back() == doctest::Approx(1.0));
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(s.at[i].cfg.seqlens.at(0) == (i ? 40 : 8));
+    CHECK(s.at[i].references.size() == 2);  // both profiles, one at a time, merged
+  }
+  // Every line of a chart has a point at each context; x is the context (log axis).
+  const auto charts = context_charts(s);
+  REQUIRE(charts.size() == 4);  // {bf16, fp8} x {rel_l2, max_ulp}
+  CHECK(charts[0].first == "bf16-rel_l2");
+  CHECK(charts[3].first == "fp8-max_ulp");
+  for (const auto& [name, plot] : charts) {
+    CAPTURE(name);
+    CHECK(plot.log_x);
+    CHECK(plot.series.size() >= 5);
+    for (const PlotSeries& line : plot.series) {
+      CAPTURE(line.name);
+      CHECK(line.name.find(".bf16") == std::string::npos);  // one line across contexts
+      REQUIRE(line.points.size() == 2);
+      CHECK(line.points[0].first == 8);
+      CHECK(line.points[1].first == 40);
+    }
+  }
+  // The table: the same metrics as each context's own report.
+  const std::string t = render_context_table(s, "test", false);
+  CHECK(t.find("rel_l2 @8") != std::string::npos);
+  CHECK(t.find("max_ulp @40") != std::string::npos);
+  CHECK(t.find("-- profile fp8 --") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(render_context_json(s, "test"));
+  CHECK(j["at"][1]["context"] == 40);
+  for (const auto& row : j["at"][1]["rows"])
+    if (row["impl"] == "cpu.explicit.bf16" && row["tensor"] == "out")
+      for (const Row& r : s.at[1].rows)
+        if (r.impl == "cpu.explicit.bf16" && r.tensor == "out")
+          CHECK(row["rel_l2"].get<double>() == r.m.rel_l2);
+}
+
+TEST_CASE("cli.report.contexts") {
+  const auto dir = std::filesystem::temp_directory_path() / "qkmla-contexts-test";
+  std::filesystem::create_directories(dir);
+  const std::string plot = (dir / "ctx.svg").string();
+  const test::Run r =
+      test::run("report --preset tiny --contexts 24,6 --profile fp16 --plot " + plot);
+  CAPTURE(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("contexts [6,24]") != std::string::npos);  // sorted
+  CHECK(r.out.find("rel_l2 @6") != std::string::npos);
+  for (const char* f : {"ctx-fp16-rel_l2.svg", "ctx-fp16-max_ulp.svg"})
+    CHECK(std::filesystem::file_size(dir / f) > 1000);
+  // Formats the sweep does not print, and a context that is not a positive count: exit 2.
+  CHECK(test::run("report --preset tiny --contexts 8 --format html").code == 2);
+  CHECK(test::run("report --preset tiny --contexts 8,0").code == 2);
+  std::filesystem::remove_all(dir);
+}
