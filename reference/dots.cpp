@@ -1,5 +1,6 @@
 #include "reference/dots.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -15,6 +16,8 @@ struct Dots::Shared {
   std::deque<Key> order;  // insertion order: the oldest block is dropped first
   double seconds = 0.0;
   int64_t formed = 0;
+  std::atomic<int64_t> read{0};
+  int64_t per_product = 0;
 };
 
 namespace {
@@ -34,6 +37,8 @@ std::shared_ptr<const ExactProduct> form(const Case& k, int b, Dots::Which w, in
 
 Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
   shared_->cached = o.cached;
+  for (int t : k.cfg.seqlens)
+    shared_->per_product += streaming() ? (t + block_tokens_ - 1) / block_tokens_ : 1;
   if (streaming()) return;
   const auto start = std::chrono::steady_clock::now();
   for (int b = 0; b < k.cfg.batch; ++b)
@@ -90,6 +95,7 @@ std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
     t0_ = d_->streaming() ? t - t % d_->block_tokens_ : 0;
     t1_ = d_->streaming() ? std::min<int64_t>(t0_ + d_->block_tokens_, T) : T;
     block_.reset();
+    ++d_->shared_->read;
     if (ahead_.valid() && ahead_t0_ == t0_) {
       block_ = ahead_.get();
     } else {
@@ -116,6 +122,9 @@ double Dots::seconds() const {
   return shared_->seconds;
 }
 
+int64_t Dots::blocks_read() const { return shared_ ? shared_->read.load() : 0; }
+int64_t Dots::blocks_per_product() const { return shared_ ? shared_->per_product : 0; }
+
 int64_t Dots::blocks_formed() const {
   if (!shared_) return 0;
   std::lock_guard<std::mutex> lock(shared_->m);
@@ -131,7 +140,7 @@ Dots exact_dots(const Case& k, int64_t whole_bytes) {
     whole_bytes = env ? std::strtoll(env, nullptr, 10) << 20 : int64_t(1) << 30;
   }
   const int64_t bytes = tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
-  return Dots(k, {bytes <= whole_bytes ? 0 : 256, 8});
+  return Dots(k, {bytes <= whole_bytes ? 0 : 256, 4});
 }
 
 }  // namespace qkmla::ref

@@ -25,7 +25,8 @@ class Dots {
   enum class Which { K0c, V };
   struct Options {
     int64_t block_tokens = 0;  // 0: every sequence whole, formed at construction
-    int cached = 8;            // streaming: blocks kept (each run holds at most one more)
+    int cached =
+        4;  // streaming: blocks kept (two runs at once, each reading one, forming the next)
   };
 
   Dots() = default;
@@ -54,7 +55,11 @@ class Dots {
   // k: the case the products were made for (Dots keeps no pointer to it: cases move).
   Cursor cursor(const Case& k, int b, Which w) const;
 
-  double seconds() const;         // time spent forming products, over all threads
+  double seconds() const;  // time spent forming products, over all threads
+  // Blocks the runs' cursors have moved to so far (progress: a streamed ref.explicit run reads
+  // each sequence's k0c blocks, then its v blocks, once each).
+  int64_t blocks_read() const;
+  int64_t blocks_per_product() const;  // over the batch: 1 per sequence when whole
   int64_t blocks_formed() const;  // streaming: > blocks in the case when runs did not share them
   bool streaming() const { return block_tokens_ > 0; }
 

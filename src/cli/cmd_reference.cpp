@@ -9,6 +9,7 @@
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/progress.hpp"
 #include "cli/provenance.hpp"
 #include "core/generator.hpp"
 #include "harness/fma_rate.hpp"
@@ -68,7 +69,14 @@ Runner add_reference(CLI::App& app, const std::string& command_line) {
     const auto t1 = std::chrono::steady_clock::now();
     TruthOptions o;
     o.threads = f->threads;
-    const Truth t = compute_truth(k, o);
+    const ref::Dots dots = ref::exact_dots(k);
+    o.dots = &dots;
+    Truth t;
+    {  // ref.explicit reads every k0c and v block once, at P and again at the check precision
+      const ProgressWatch watch([&] { return double(dots.blocks_read()); },
+                                4.0 * double(dots.blocks_per_product()));
+      t = compute_truth(k, o);
+    }
     const double truth_s = seconds_since(t1);
     int64_t tokens = 0;
     for (int n : cfg.seqlens) tokens += n;

@@ -2,16 +2,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/progress.hpp"
 #include "cli/provenance.hpp"
 #include "core/presets.hpp"
 #include "harness/resources.hpp"
@@ -75,25 +74,6 @@ struct ReportFlags {
   std::vector<int> contexts;
   ReportView view;
 };
-
-std::string clock(double s) { return fmt::format("{}m{:02d}s", int(s) / 60, int(s) % 60); }
-
-// "\r[qkmla] 37 % elapsed 1m02s, remaining ~1m45s" on a terminal's stderr, redrawn in place.
-std::function<void(double, double)> progress_bar() {
-  if (!isatty(2)) return {};
-  const auto start = std::chrono::steady_clock::now();
-  return [start](double done, double total) {
-    const double el =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double f = total > 0 ? done / total : 1;
-    const int width = 30, filled = int(f * width + 0.5);
-    std::cerr << fmt::format("\r[qkmla] [{}{}] {:3.0f} % elapsed {}, remaining ~{}",
-                             std::string(size_t(filled), '#'),
-                             std::string(size_t(width - filled), '.'), 100 * f, clock(el),
-                             f > 0 ? clock(el / f - el) : "?")
-              << (done >= total ? "\n" : "") << std::flush;
-  };
-}
 
 // --contexts: the report at each context, one profile at a time.
 int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& command_line) {

@@ -34,7 +34,9 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < cases.size(); ++i)
     if (cases[i]->cfg.level == Level::Module)
-      tasks.push_back([&, i] { truths[i].dots = ref::exact_dots(*cases[i]); });
+      tasks.push_back([&, i] {
+        truths[i].dots = o.dots && cases.size() == 1 ? *o.dots : ref::exact_dots(*cases[i]);
+      });
   tasks.insert(tasks.end(), extra.begin(), extra.end());
   run_parallel(tasks, o.threads);
   {

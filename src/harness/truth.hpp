@@ -18,6 +18,9 @@ struct TruthOptions {
   bool absorbed = false;    // also ref.absorbed at P (the equivalence row; latent_out's truth)
   bool latent_out = false;  // ref.explicit also forms latent_out (its own truth, then)
   int threads = 2;
+  // compute_truth only: these products (exact_dots of the same case) instead of forming new ones,
+  // e.g. so that a caller can watch their progress (Dots::blocks_read).
+  const ref::Dots* dots = nullptr;
 };
 
 struct Truth {
