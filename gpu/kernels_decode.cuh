@@ -101,17 +101,34 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
         for (int tt = 0; tt < n; ++tt) p_s[tid][tt] = p_s[tid][tt] * a.kscale[base + tt];
     }
     __syncthreads();
+    // K.6 value accumulation, tokens outer and rows inner: each value element is loaded once per
+    // token (not once per row) and every row keeps its own tile sum s[k][c], so each row's sum is
+    // accumulate_tile's: sequential fmaf over the tile's tokens, then fmaf(acc, alpha, s).
+    float s[kRowsPerBlock][kValueCols];
 #pragma unroll
-    for (int c = 0; c < kValueCols; ++c) {  // K.6 value accumulation
-      const int j = tid + c * kDecodeThreads;
-      if (j >= a.n_v) continue;
+    for (int k = 0; k < kRowsPerBlock; ++k)
 #pragma unroll
-      for (int k = 0; k < kRowsPerBlock; ++k)
-        if (row_s[k] >= 0)
-          acc[k][c] = accumulate_tile(
-              acc[k][c], al_s[k], p_s[k],
-              [&](int tt) { return KB::ld(vc[((base + tt) * a.kgroups + kg) * a.n_v + j]); }, n);
+      for (int c = 0; c < kValueCols; ++c) s[k][c] = 0.0f;
+    for (int tt = 0; tt < n; ++tt) {
+      float v[kValueCols];
+#pragma unroll
+      for (int c = 0; c < kValueCols; ++c) {
+        const int j = tid + c * kDecodeThreads;
+        v[c] = j < a.n_v ? KB::ld(vc[((base + tt) * a.kgroups + kg) * a.n_v + j]) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kRowsPerBlock; ++k) {
+        const float p = row_s[k] >= 0 ? p_s[k][tt] : 0.0f;  // one broadcast load per row
+#pragma unroll
+        for (int c = 0; c < kValueCols; ++c) s[k][c] = fmaf(p, v[c], s[k][c]);
+      }
     }
+#pragma unroll
+    for (int k = 0; k < kRowsPerBlock; ++k)
+#pragma unroll
+      for (int c = 0; c < kValueCols; ++c)
+        if (row_s[k] >= 0 && tid + c * kDecodeThreads < a.n_v)
+          acc[k][c] = fmaf(acc[k][c], al_s[k], s[k][c]);
     __syncthreads();
   }
 #pragma unroll
