@@ -9,20 +9,27 @@
 
 namespace qkmla {
 
-// Fitted on peak RSS (GNU time) of `qkmla report --profile bf16` on this machine:
-//   paper-decode 2048 / 4096 tokens: 411 / 759 MB -> 170 KB per token = 41.5 B per key/value
-//   element (G (d_c + d_v) = 4096 per token); tiny, batch 200 / 400 x 512 tokens: 305 / 604 MB
-//   -> 46 B per element; deepseek-v3 256 / 512 tokens: 616 / 963 MB -> 41 B per element, and
-//   a 270 MB base of which 210 MB scale with the weights (16.8 M elements: 12.5 B each);
-//   S_q = 4 instead of 1 at tiny, batch 200: +7 MB (per-row state is small).
-// The model rounds each coefficient up (48, 16, 8 B) so that it overestimates by ~10-20 %.
+// Fitted on peak RSS (GNU time) of `qkmla report` on this machine. The reference's exact key and
+// value products (4 levels x 8 B per key/value element) are held whole up to 1 GiB and streamed in
+// 4 cached 256-token blocks beyond (reference/dots.hpp, the default limit). Everything else per
+// token (the case, ref.absorbed's per-token state, the CPU implementations' keys and values):
+//   before streaming (c31689f-b53db8e): paper-decode 2048 / 4096 tokens 411 / 759 MB, i.e. 41.5 B
+//   per key/value element (G (d_c + d_v) = 4096 per token) of which 32 B are the products;
+//   streamed (787bae3): paper-decode bf16 16384 tokens 980 MB, 65536 tokens 4.17 GB (one profile
+//   at a time), i.e. 65 KB per token at the margin: 12 B per key/value element + 40 B per latent
+//   and rope value (71 KB) covers it with ~10 % to spare; tiny, batch 200 / 400 x 512 tokens:
+//   305 / 604 MB; deepseek-v3 256 / 512 tokens: 616 / 963 MB, a 270 MB base of which 210 MB
+//   scale with the weights (16.8 M elements: 12.5 B each); S_q = 4 instead of 1: +7 MB.
 double case_peak_bytes(const MlaConfig& c) {
   const double tokens = double(c.batch) * double(c.max_seqlen() + 2);  // + 2 rows of padding
-  const double per_token = 48.0 * c.groups * double(c.d_c + c.d_v) + 40.0 * (c.latent_rank + c.d_r);
-  const double weights = double(c.latent_rank) * c.groups * double(c.d_c + c.d_v);
+  const double elems = double(c.groups) * double(c.d_c + c.d_v);       // key/value per token
+  const double whole = tokens * elems * 32.0;
+  const double products = whole <= double(int64_t(1) << 30) ? whole : 5 * 256 * elems * 32.0 * 2;
+  const double per_token = 12.0 * elems + 40.0 * (c.latent_rank + c.d_r);
+  const double weights = double(c.latent_rank) * elems;
   const double rows = double(c.batch) * c.s_q * c.heads;
-  return 64e6 + 16.0 * weights + tokens * per_token + rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) +
-         rows * tokens / std::max(1, c.batch) * 8.0;
+  return 64e6 + 16.0 * weights + products + tokens * per_token +
+         rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) + rows * tokens / std::max(1, c.batch) * 8.0;
 }
 
 namespace {

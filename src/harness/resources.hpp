@@ -15,8 +15,8 @@ struct ResourceError : std::runtime_error {
 };
 
 // Peak bytes to hold one case and compute its truth and CPU implementations: a model fitted to
-// peak RSS measured on this machine (see resources.cpp; the reference's exact key/value products,
-// ~41-46 bytes per value, dominate).
+// peak RSS measured on this machine (see resources.cpp: the exact key/value products while they
+// are held whole, then the per-token state of ref.absorbed and the CPU implementations).
 double case_peak_bytes(const MlaConfig& c);
 
 // Bytes this process may still allocate: the smallest of MemAvailable (/proc/meminfo), the cgroup
