@@ -1,4 +1,5 @@
-// report.contexts.*: the error-against-context sweep (report/contexts.hpp) and its CLI.
+// report.contexts.*: the error-against-context sweep (report/contexts.hpp) and its CLI; and
+// cli.reference.*, the long-context reference command.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -75,4 +76,26 @@ TEST_CASE("cli.report.contexts") {
   CHECK(test::run("report --preset tiny --contexts 8 --format html").code == 2);
   CHECK(test::run("report --preset tiny --contexts 8,0").code == 2);
   std::filesystem::remove_all(dir);
+}
+
+// qkmla reference: the truth alone with what it cost. Streamed (every block) and whole products
+// give the same agreeing bits, since they are the same bits (proofs/reference.md S.1).
+TEST_CASE("cli.reference.streamed_and_whole_agree") {
+  const std::string args = "reference --preset tiny --seqlens 300,0,77 --sq 2 --norm unified";
+  const test::Run whole = test::run(args);
+  const test::Run streamed = test::run_raw("QKMLA_WHOLE_PRODUCTS_MIB=0 " QKMLA_BINARY " " + args);
+  CAPTURE(whole.out);
+  CAPTURE(streamed.out);
+  REQUIRE(whole.code == 0);
+  REQUIRE(streamed.code == 0);
+  CHECK(whole.out.find("products           whole") != std::string::npos);
+  CHECK(streamed.out.find("256-token blocks (streamed: yes") != std::string::npos);
+  auto bits = [](const std::string& out) {
+    const size_t at = out.find("agreeing bits");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK_FALSE(bits(whole.out).empty());
+  CHECK(bits(whole.out) == bits(streamed.out));
+  for (const char* field : {"peak RSS", "exact MACs", "fp64 FMA rate", "at commit"})
+    CHECK(whole.out.find(field) != std::string::npos);
 }
