@@ -66,3 +66,18 @@ TEST_CASE("reference.streaming.long_cases_stream") {
   CHECK_FALSE(ref::exact_dots(k).streaming());
   CHECK(ref::exact_dots(k, 1 << 20).streaming());
 }
+
+// A block that cannot be formed (a latent value outside exact_matmul's range, X.1) fails the run
+// with the product's own error, whether the run forms that block itself or a helper thread formed
+// it ahead; nothing hangs waiting for it.
+TEST_CASE("reference.streaming.unformable_block_fails_the_run") {
+  for (int64_t bad_token : {5, 70, 140}) {  // the first block, a prefetched one, the last one
+    CAPTURE(bad_token);
+    Case k = generate_case(test::tiny_config(Profile::FP32, {150}, 1));
+    k.tensors.at("kv_c").at({0, bad_token, 3}) = 1e-300;  // below 2^-400
+    const ref::Dots blocks(k, {64, 2});
+    ref::PrecisionScope scope(113);
+    CHECK_THROWS_AS(ref::ref_explicit(k, blocks, false), std::domain_error);
+    CHECK_THROWS_AS(ref::ref_absorbed(k, blocks), std::domain_error);
+  }
+}
