@@ -4,13 +4,13 @@
 
 namespace qkmla {
 
-namespace {
-
 std::string without_profile(const std::string& impl, const std::string& profile) {
   const std::string mid = "." + profile;
   const size_t at = impl.find(mid);
   return at == std::string::npos ? impl : impl.substr(0, at) + impl.substr(at + mid.size());
 }
+
+namespace {
 
 Plot chart(const Report& r, const std::string& tensor) {
   Plot p;

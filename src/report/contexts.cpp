@@ -6,6 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "report/charts.hpp"
+
 namespace qkmla {
 
 bool ContextSweep::reference_ok() const {
@@ -43,14 +45,6 @@ ContextSweep run_context_sweep(const ReportOptions& base, const std::vector<int>
 }
 
 namespace {
-
-// The implementation's name without its profile part ("cpu.absorbed.bf16.alpha_q_folded" ->
-// "cpu.absorbed.alpha_q_folded"): one line across contexts.
-std::string series_name(const std::string& impl, const std::string& profile) {
-  const std::string mid = "." + profile;
-  const size_t at = impl.find(mid);
-  return at == std::string::npos ? impl : impl.substr(0, at) + impl.substr(at + mid.size());
-}
 
 // profile -> (impl, tensor) in first-seen order -> per context metrics.
 using Key = std::pair<std::string, std::string>;
@@ -152,7 +146,7 @@ std::vector<std::pair<std::string, Plot>> context_charts(const ContextSweep& s) 
       for (const Key& k : x.order) {
         if (k.second != "out" || k.first == "ref.absorbed") continue;  // ~1e-33: off the chart
         PlotSeries line;
-        line.name = series_name(k.first, p);
+        line.name = without_profile(k.first, p);
         line.dashed = line.name == "cpu.explicit";
         for (size_t i = 0; i < s.contexts.size(); ++i)
           if (const Metrics* m = x.m.at(k)[i])
