@@ -25,6 +25,17 @@ struct Scan {
                                  "is in a string, put a blank before the opening quote)",
                                  line, i - line_start + 1, (unsigned char)s[i]));
   }
+  // A backslash at i followed by a non-ASCII byte: never a TOML escape, and toml++ asks whether
+  // that character is whitespace (a line-ending backslash), which is undefined for some (fuzz_text:
+  // U+FDC0 after a backslash in a multi-line string).
+  void refuse_escape() {
+    if (i + 1 >= s.size() || (unsigned char)s[i + 1] < 0x80) return;
+    ++i;
+    throw InputError(path, "toml",
+                     fmt::format("line {}, column {}: non-ASCII byte 0x{:02X} after a backslash "
+                                 "(not a TOML escape sequence)",
+                                 line, i - line_start + 1, (unsigned char)s[i]));
+  }
   // Closes a multi-line string at i: its delimiter may be preceded by up to two quotes of content.
   void close_run(char quote) {
     size_t n = 0;
@@ -34,6 +45,7 @@ struct Scan {
   // A line-ending backslash in a multi-line basic string: the whitespace and newlines after it are
   // trimmed, and toml++ classifies the first character after them.
   void line_ending_backslash() {
+    refuse_escape();
     size_t j = i + 1;
     while (j < s.size() && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r')) ++j;
     if (j >= s.size() || s[j] != '\n') {
@@ -116,6 +128,7 @@ void refuse_unclassifiable(const std::string& text, const std::string& path) {
         if (c == '\n') st = Lex::Bare, bare.step(c);
         break;
       case Lex::Basic:
+        if (c == '\\') sc.refuse_escape();
         if (c == '\\' && sc.i + 1 < text.size() && text[sc.i + 1] != '\n')
           ++sc.i;
         else if (c == '"' || c == '\n')
