@@ -177,4 +177,18 @@ std::vector<Profile> build_profiles(const CaseFlags& f, const std::vector<Profil
   return out;
 }
 
+void parse_args(CLI::App& app, const std::vector<std::string>& args) {
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string given;
+    for (const std::string& a : args) given += (given.empty() ? "" : " ") + a;
+    throw CLI::ConversionError("a flag value cannot be converted (" + std::string(e.what()) +
+                               ": out of range or malformed) in: " + given);
+  }
+}
+
 }  // namespace qkmla::cli

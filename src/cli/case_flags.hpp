@@ -27,6 +27,12 @@ struct CaseFlags {
 };
 
 void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen);
+
+// app.parse over `args` (in order, without the program name). What CLI11's value conversions
+// throw besides its own errors (std::stoll's std::out_of_range for
+// --no-causal=99999999999999999999) becomes a CLI::ConversionError naming the arguments: every bad
+// flag is a CLI::ParseError.
+void parse_args(CLI::App& app, const std::vector<std::string>& args);
 // The preset's dims, then the --config file's keys, then every flag given on the command line.
 // Throws ConfigError naming the key when the combination is invalid, InputError for a bad file.
 MlaConfig build_config(const CaseFlags& f, int default_seqlen);

@@ -1,9 +1,11 @@
 // qkmla: the command-line front end. Exit codes: 0 ok/pass, 1 a verdict failed, 2 bad usage or
 // bad input (with a message naming the field, file or tensor).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <vector>
 
+#include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
 #include "core/config.hpp"
 #include "harness/resources.hpp"
@@ -32,7 +34,8 @@ int main(int argc, char** argv) {
   add(cli::add_converge(app, command_line));
   add(cli::add_bench(app, command_line));
   try {
-    app.parse(argc, argv);
+    if (argc > 0) app.name(argv[0]);  // as app.parse(argc, argv) would: usage lines name it
+    cli::parse_args(app, std::vector<std::string>(argv + std::min(argc, 1), argv + argc));
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

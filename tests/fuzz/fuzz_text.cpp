@@ -48,9 +48,8 @@ void case_flags(const std::string& text) {
   CLI::App app{"fuzz"};
   qkmla::cli::CaseFlags f;
   qkmla::cli::add_case_flags(app, f, 64);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
   try {
-    app.parse(reversed);
+    qkmla::cli::parse_args(app, args);
   } catch (const CLI::ParseError&) {
     return;
   }
