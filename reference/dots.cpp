@@ -18,25 +18,63 @@ struct Dots::Shared {
   int64_t formed = 0;
   std::atomic<int64_t> read{0};
   int64_t per_product = 0;
+  std::shared_ptr<const SlicedWeights> sliced[2];  // [K0c, V]; null: extraction (X.1-X.2)
 };
 
 namespace {
 
-std::shared_ptr<const ExactProduct> form(const Case& k, int b, Dots::Which w, int64_t t0,
-                                         int64_t t1) {
-  const MlaConfig& c = k.cfg;
+const Tensor& weights(const Case& k, Dots::Which w) {
+  return k.get(w == Dots::Which::K0c ? "w_uk" : "w_uv");
+}
+
+std::shared_ptr<const ExactProduct> form(const Case& k, const SlicedWeights* sliced, int b,
+                                         Dots::Which w, int64_t t0, int64_t t1) {
   const Tensor& kv = k.latent();
-  const Tensor& wt = k.get(w == Dots::Which::K0c ? "w_uk" : "w_uv");
-  const int64_t r = c.latent_rank;
+  const Tensor& wt = weights(k, w);
+  const int64_t r = k.cfg.latent_rank;
   const double* rows = t1 > t0 ? kv.ptr({b, t0, 0}) : nullptr;
+  if (sliced) return std::make_shared<const ExactProduct>(sliced_matmul(rows, r, t1 - t0, *sliced));
   return std::make_shared<const ExactProduct>(
       exact_matmul(rows, r, t1 - t0, r, wt.data.data(), wt.shape[1], wt.shape[1]));
+}
+
+// X.5's plan for one product, from every cached token's latent row (so that any blocking of the
+// tokens gives the same expansions) and the weights; null when slicing would cost more than
+// extraction.
+std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w) {
+  const MlaConfig& c = k.cfg;
+  const Tensor& kv = k.latent();
+  const Tensor& wt = weights(k, w);
+  const int64_t r = c.latent_rank;
+  std::vector<int> a_spans;
+  for (int b = 0; b < c.batch; ++b)
+    if (c.seqlens[size_t(b)] > 0) {
+      const std::vector<int> s = row_spans(kv.ptr({b, 0, 0}), r, c.seqlens[size_t(b)], r);
+      a_spans.insert(a_spans.end(), s.begin(), s.end());
+    }
+  const Slicing plan =
+      plan_slicing(a_spans, col_spans(wt.data.data(), wt.shape[1], r, wt.shape[1]), r);
+  if (plan.gemms_per_chunk > Dots::kMaxGemms) return nullptr;
+  return std::make_shared<const SlicedWeights>(wt.data.data(), wt.shape[1], r, wt.shape[1], plan);
 }
 
 }  // namespace
 
 Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
   shared_->cached = o.cached;
+  int64_t bytes = 0;  // of the expansions of every product, formed whole
+  for (Which w : {Which::K0c, Which::V}) {
+    auto& s = shared_->sliced[int(w)];
+    try {
+      if (o.sliced) s = slice_weights(k, w);
+    } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
+      s = nullptr;
+    }
+    int64_t tokens = 0;
+    for (int t : k.cfg.seqlens) tokens += t;
+    bytes += tokens * weights(k, w).shape[1] * ExactProduct::kLevels * 8;
+  }
+  if (block_tokens_ < 0) block_tokens_ = bytes <= o.whole_bytes ? 0 : 256;
   for (int t : k.cfg.seqlens)
     shared_->per_product += streaming() ? (t + block_tokens_ - 1) / block_tokens_ : 1;
   if (streaming()) return;
@@ -44,7 +82,7 @@ Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(ne
   for (int b = 0; b < k.cfg.batch; ++b)
     for (Which w : {Which::K0c, Which::V}) {
       std::promise<std::shared_ptr<const ExactProduct>> p;
-      p.set_value(form(k, b, w, 0, k.cfg.seqlens[size_t(b)]));
+      p.set_value(form(k, shared_->sliced[int(w)].get(), b, w, 0, k.cfg.seqlens[size_t(b)]));
       shared_->blocks[{b, int(w), 0}] = p.get_future().share();
       ++shared_->formed;
     }
@@ -74,7 +112,7 @@ std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, i
   const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
   std::shared_ptr<const ExactProduct> p;
   try {
-    p = form(k, b, w, t0, t1);
+    p = form(k, shared_->sliced[int(w)].get(), b, w, t0, t1);
   } catch (...) {  // waiters see the same error; the block stays unformed
     mine.set_exception(std::current_exception());
     throw;
@@ -87,7 +125,9 @@ std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, i
   return p;
 }
 
-Dots::Cursor Dots::cursor(const Case& k, int b, Which w) const { return Cursor(*this, k, b, w); }
+Dots::Cursor Dots::cursor(const Case& k, int b, Which w, bool counts) const {
+  return Cursor(*this, k, b, w, counts);
+}
 
 std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
   if (!block_ || t < t0_ || t >= t1_) {
@@ -95,7 +135,7 @@ std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
     t0_ = d_->streaming() ? t - t % d_->block_tokens_ : 0;
     t1_ = d_->streaming() ? std::min<int64_t>(t0_ + d_->block_tokens_, T) : T;
     block_.reset();
-    ++d_->shared_->read;
+    if (counts_) ++d_->shared_->read;
     if (ahead_.valid() && ahead_t0_ == t0_) {
       block_ = ahead_.get();
     } else {
@@ -131,16 +171,25 @@ int64_t Dots::blocks_formed() const {
   return shared_->formed;
 }
 
+std::string Dots::method() const {
+  std::string out;
+  for (Which w : {Which::K0c, Which::V}) {
+    const SlicedWeights* s = shared_ ? shared_->sliced[int(w)].get() : nullptr;
+    out += std::string(out.empty() ? "" : ", ") + (w == Which::K0c ? "k0c " : "v ");
+    out += s ? "sliced GEMMs (" + std::to_string(s->plan.beta_a) + "+" +
+                   std::to_string(s->plan.beta_b) + " bits, " + std::to_string(s->plan.slices_a) +
+                   "x" + std::to_string(s->plan.slices_b) + " slices)"
+             : std::string("extraction");
+  }
+  return out;
+}
+
 Dots exact_dots(const Case& k, int64_t whole_bytes) {
-  const MlaConfig& c = k.cfg;
-  int64_t tokens = 0;
-  for (int t : c.seqlens) tokens += t;
   if (whole_bytes < 0) {
     const char* env = std::getenv("QKMLA_WHOLE_PRODUCTS_MIB");
     whole_bytes = env ? std::strtoll(env, nullptr, 10) << 20 : int64_t(1) << 30;
   }
-  const int64_t bytes = tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
-  return Dots(k, {bytes <= whole_bytes ? 0 : 256, 4});
+  return Dots(k, {-1, 4, whole_bytes});
 }
 
 }  // namespace qkmla::ref

@@ -13,10 +13,12 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <tuple>
 
 #include "core/case.hpp"
 #include "reference/exact_dot.hpp"
+#include "reference/sliced_product.hpp"
 
 namespace qkmla::ref {
 
@@ -24,10 +26,17 @@ class Dots {
  public:
   enum class Which { K0c, V };
   struct Options {
-    int64_t block_tokens = 0;  // 0: every sequence whole, formed at construction
+    // 0: every sequence whole, formed at construction; < 0: whole if the products fit in
+    // whole_bytes, else 256-token blocks.
+    int64_t block_tokens = 0;
     int cached =
         4;  // streaming: blocks kept (two runs at once, each reading one, forming the next)
+    int64_t whole_bytes = int64_t(1) << 30;
+    // X.5 sliced GEMMs where their plan needs at most kMaxGemms per chunk; X.1-X.2 extraction
+    // otherwise (operands spanning very many binades). Either way the same exact values.
+    bool sliced = true;
   };
+  static constexpr double kMaxGemms = 12.0;
 
   Dots() = default;
   Dots(const Case& k, Options o);
@@ -42,18 +51,21 @@ class Dots {
 
    private:
     friend class Dots;
-    Cursor(const Dots& d, const Case& k, int b, Which w) : d_(&d), k_(&k), b_(b), w_(w) {}
+    Cursor(const Dots& d, const Case& k, int b, Which w, bool counts)
+        : d_(&d), k_(&k), b_(b), w_(w), counts_(counts) {}
     const Dots* d_;
     const Case* k_;
     int b_;
     Which w_;
+    bool counts_;
     int64_t t0_ = 0, t1_ = 0;
     std::shared_ptr<const ExactProduct> block_;
     int64_t ahead_t0_ = -1;
     std::future<std::shared_ptr<const ExactProduct>> ahead_;  // the block from ahead_t0_
   };
-  // k: the case the products were made for (Dots keeps no pointer to it: cases move).
-  Cursor cursor(const Case& k, int b, Which w) const;
+  // k: the case the products were made for (Dots keeps no pointer to it: cases move). `counts`:
+  // this cursor's moves count towards blocks_read() (a run with several threads counts one).
+  Cursor cursor(const Case& k, int b, Which w, bool counts = true) const;
 
   double seconds() const;  // time spent forming products, over all threads
   // Blocks the runs' cursors have moved to so far (progress: a streamed ref.explicit run reads
@@ -62,6 +74,8 @@ class Dots {
   int64_t blocks_per_product() const;  // over the batch: 1 per sequence when whole
   int64_t blocks_formed() const;  // streaming: > blocks in the case when runs did not share them
   bool streaming() const { return block_tokens_ > 0; }
+  // X.5 slicing of each product (null: extraction), and how the products are formed, for reports.
+  std::string method() const;
 
  private:
   using Key = std::tuple<int, int, int64_t>;  // (b, which, first token)
@@ -72,9 +86,10 @@ class Dots {
   std::shared_ptr<Shared> shared_;
 };
 
-// The products of a case: whole when the case's exact products fit in `whole_bytes`, streamed by
-// 256-token blocks otherwise. -1: QKMLA_WHOLE_PRODUCTS_MIB from the environment if set (0 streams
-// every case), else 1 GiB (every preset at its default context is formed whole).
+// The products of a case: whole when the case's exact products (their expansions) fit in
+// `whole_bytes`, streamed by 256-token blocks otherwise. -1: QKMLA_WHOLE_PRODUCTS_MIB from the
+// environment if set (0 streams every case), else 1 GiB (every preset at its default context is
+// formed whole).
 Dots exact_dots(const Case& k, int64_t whole_bytes = -1);
 
 }  // namespace qkmla::ref

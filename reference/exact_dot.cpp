@@ -24,7 +24,10 @@ void split(double x, double& hi, double& lo) {
 
 bool narrow(double x) { return double(float(x)) == x; }  // <= 24 bits: products exact
 
-void check_range(const double* p, int64_t count, int64_t stride, int64_t width, const char* what) {
+}  // namespace
+
+void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t width,
+                       const char* what) {
   for (int64_t r = 0; r < count; ++r)
     for (int64_t j = 0; j < width; ++j) {
       const double a = std::fabs(p[r * stride + j]);
@@ -34,6 +37,15 @@ void check_range(const double* p, int64_t count, int64_t stride, int64_t width, 
                                 " outside the exact range [2^-400, 2^400]");
     }
 }
+
+int trailing_exponent(double x) {
+  int e;
+  const double m = std::frexp(std::fabs(x), &e);  // m in [0.5, 1)
+  const auto bits = int64_t(std::ldexp(m, 53));   // exact: 53-bit integer significand
+  return e - 53 + __builtin_ctzll(uint64_t(bits));
+}
+
+namespace {
 
 // Expanded operands: A'' [m, n*parts^2] and B'' [n*parts^2, k] such that every product of
 // matching entries is exact and the dot products are unchanged.
@@ -112,8 +124,18 @@ std::vector<double> exact_sum(std::vector<double> p, int M) {
 
 std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   const int64_t flat = i * cols + j;
-  if (auto it = long_terms_.find(flat); it != long_terms_.end()) return it->second;
+  if (!long_terms_.empty())
+    if (auto it = long_terms_.find(flat); it != long_terms_.end()) return it->second;
   return {&terms_[size_t(flat * kLevels)], size_t(kLevels)};
+}
+
+ExactProduct ExactProduct::of(int64_t rows, int64_t cols, std::vector<double> terms,
+                              std::unordered_map<int64_t, std::vector<double>> long_terms) {
+  if (int64_t(terms.size()) != rows * cols * kLevels)
+    throw std::logic_error("ExactProduct::of: terms do not match [rows, cols, kLevels]");
+  ExactProduct p;
+  p.rows = rows, p.cols = cols, p.terms_ = std::move(terms), p.long_terms_ = std::move(long_terms);
+  return p;
 }
 
 int ExactProduct::max_terms() const {
@@ -126,14 +148,6 @@ namespace {
 
 using v4d = double __attribute__((vector_size(32)));  // four independent lanes (GCC/Clang)
 constexpr int kVec = 4, kBlockVecs = kBlock / kVec;
-
-// Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result.
-int trailing_exponent(double x) {
-  int e;
-  const double m = std::frexp(std::fabs(x), &e);  // m in [0.5, 1)
-  const auto bits = int64_t(std::ldexp(m, 53));   // exact: 53-bit integer significand
-  return e - 53 + __builtin_ctzll(uint64_t(bits));
-}
 
 int min_trailing_exponent(const std::vector<double>& v) {
   int e = 1 << 20;
@@ -228,8 +242,8 @@ int levels_needed(double sigma_max, double shrink, int e_low) {
 
 ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, const double* B,
                           int64_t ldb, int64_t k) {
-  check_range(A, m, lda, n, "A");
-  check_range(B, n, ldb, k, "B");
+  check_exact_range(A, m, lda, n, "A");
+  check_exact_range(B, n, ldb, k, "B");
   const Expanded e = expand(A, lda, m, n, B, ldb, k);
   const int64_t summands = e.two_prod ? 2 * e.n2 : e.n2;
   int M = 1;

@@ -21,6 +21,10 @@ class ExactProduct {
   int64_t long_entries() const { return int64_t(long_terms_.size()); }
   // Most terms any entry has (the zero-padded width of a dense copy of the expansions).
   int max_terms() const;
+  // A product from its inline terms [rows, cols, kLevels] and the entries with more terms (keyed
+  // by row * cols + col).
+  static ExactProduct of(int64_t rows, int64_t cols, std::vector<double> terms,
+                         std::unordered_map<int64_t, std::vector<double>> long_terms);
 
  private:
   friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*, int64_t,
@@ -28,6 +32,13 @@ class ExactProduct {
   std::vector<double> terms_;  // [rows, cols, kLevels]
   std::unordered_map<int64_t, std::vector<double>> long_terms_;
 };
+
+// Throws std::domain_error unless every entry of the [count, width] matrix p (row stride `stride`)
+// is finite and zero or of magnitude in [2^-400, 2^400]; `what` names the operand.
+void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t width,
+                       const char* what);
+// Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result.
+int trailing_exponent(double x);
 
 // C[i, j] = sum_l A[i*lda + l] * B[l*ldb + j], i < m, l < n, j < k. All inputs finite and either
 // zero or of magnitude in [2^-400, 2^400] (checked: throws std::domain_error), so that no split

@@ -64,14 +64,15 @@ void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> 
 }
 
 namespace {
-bool deep_capture = false;
+bool deep_capture_on = false;
 }
 
-void set_deep_capture(bool on) { deep_capture = on; }
+void set_deep_capture(bool on) { deep_capture_on = on; }
+bool deep_capture() { return deep_capture_on; }
 
 void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x) {
-  if (!deep_capture) {
-    split_double(x, o.tensors[name][flat], o.lo[name][flat]);
+  if (!deep_capture_on) {  // at(): no insertion, so concurrent stores to distinct elements are safe
+    split_double(x, o.tensors.at(name)[flat], o.lo.at(name)[flat]);
     return;
   }
   const int parts = parts_for(int(mpfr_get_prec(x.backend().data())));

@@ -28,8 +28,11 @@ Mp softmax_lse(const MpVec& logits);  // softmax's lse alone; its p_t is exp(log
 
 // Allocates the named outputs (hi and lo) with NaN fill for alpha_k, 0 otherwise.
 void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names);
+// Writes x's double-double image into output `name` (allocated by init_outputs). Calls on distinct
+// elements may run concurrently unless deep capture is on.
 void store(Outputs& o, const std::string& name, int64_t flat, const Mp& x);
 // While set (one thread: convergence studies), store() keeps every exact remainder in o.deep.
 void set_deep_capture(bool on);
+bool deep_capture();
 
 }  // namespace qkmla::ref

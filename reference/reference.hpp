@@ -12,8 +12,9 @@
 
 namespace qkmla::ref {
 
-// Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders.
-Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out);
+// Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders. `threads`
+// share the query rows (the same bits for any count); all of them run at the caller's precision.
+Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int threads = 1);
 // Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent (norm none: no alpha_q, alpha_k). A
 // variant of SPEC §1.2 (the shared vocabulary of core/variant.hpp; alpha_k_bf16 is a profile
 // option and means nothing here) and a perturbation (a mutant, for convergence studies).

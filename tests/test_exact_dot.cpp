@@ -1,4 +1,5 @@
-// reference.exact_dot.*: exact_matmul against plain MPFR at a precision where every sum is exact.
+// reference.exact_dot.*: exact_matmul (X.1-X.2) and sliced_matmul (X.5) against plain MPFR at a
+// precision where every sum is exact.
 #include <doctest/doctest.h>
 #include <mpfr.h>
 
@@ -9,6 +10,7 @@
 #include "core/rng.hpp"
 #include "helpers.hpp"
 #include "reference/exact_dot.hpp"
+#include "reference/sliced_product.hpp"
 
 using namespace qkmla;
 
@@ -32,11 +34,22 @@ bool exact_matches(const std::vector<double>& a, const std::vector<double>& b, i
   return ok;
 }
 
-void check_all(DType d, double spread, uint64_t seed) {
+enum class Method { Extraction, Sliced };
+
+ref::ExactProduct product(Method how, const std::vector<double>& a, const std::vector<double>& b,
+                          int64_t m, int64_t n, int64_t k) {
+  if (how == Method::Extraction) return ref::exact_matmul(a.data(), n, m, n, b.data(), k, k);
+  const ref::Slicing plan =
+      ref::plan_slicing(ref::row_spans(a.data(), n, m, n), ref::col_spans(b.data(), k, n, k), n);
+  return ref::sliced_matmul(a.data(), n, m, ref::SlicedWeights(b.data(), k, n, k, plan));
+}
+
+void check_all(DType d, double spread, uint64_t seed, Method how = Method::Extraction) {
   CAPTURE(seed);
   CAPTURE(dtype_name(d));
   Rng rng(seed);
-  const int64_t m = 9, n = 70, k = 37;  // ragged against the 16-column blocks
+  // Ragged against the 8-column blocks; more rows than one 256-row slicing chunk.
+  const int64_t m = how == Method::Sliced ? 300 : 9, n = 70, k = 37;
   std::vector<double> a(size_t(m * n)), b(size_t(n * k));
   // spread > 0: magnitudes 2^(-spread..spread) so that one dot needs several extraction levels.
   auto draw = [&] {
@@ -46,7 +59,11 @@ void check_all(DType d, double spread, uint64_t seed) {
   for (double& x : b) x = draw();
   a[3] = 0;  // zeros and exact cancellation must come out right too
   b[5] = -b[6];
-  const ref::ExactProduct C = ref::exact_matmul(a.data(), n, m, n, b.data(), k, k);
+  if (how == Method::Sliced) {  // one row far wider than the rest: that chunk needs more slices
+    a[size_t(280 * n + 1)] = std::ldexp(1.0, -40) * 3;
+    a[size_t(280 * n + 2)] = std::ldexp(1.0, 5);
+  }
+  const ref::ExactProduct C = product(how, a, b, m, n, k);
   int bad = 0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < k; ++j) bad += !exact_matches(a, b, n, k, i, j, C);
@@ -62,6 +79,39 @@ TEST_CASE("reference.exact_dot.wide_exponent_spread") {
   // Exponents spread over +-60 (fp32) and +-150 (fp64) binades: more levels, and the scalar path.
   check_all(DType::F32, 60, test::seed(14));
   check_all(DType::F64, 150, test::seed(15));
+}
+TEST_CASE("reference.exact_dot.sliced_matches_mpfr") {
+  check_all(DType::BF16, 0, test::seed(16), Method::Sliced);
+  check_all(DType::F32, 0, test::seed(17), Method::Sliced);
+  check_all(DType::F64, 0, test::seed(18), Method::Sliced);
+  check_all(DType::F32, 60, test::seed(19), Method::Sliced);
+}
+TEST_CASE("reference.exact_dot.sliced_full_slices") {
+  // Every slice an all-ones integer (2^beta - 1): each GEMM's partial sums come within a factor
+  // n / 2^ceil(log2 n) of 2^53 units, so one bit more per slice than X.5 allows would round.
+  const int64_t m = 3, n = 70, k = 5;
+  std::vector<double> a(size_t(m * n)), b(size_t(n * k));
+  const double ones = 1.0 - std::ldexp(1.0, -53);  // 53 set bits
+  for (size_t i = 0; i < a.size(); ++i) a[i] = ones * std::ldexp(1.0, -int(i / size_t(n)));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = ones * std::ldexp(1.0, int(i % size_t(k)));
+  const ref::ExactProduct C = product(Method::Sliced, a, b, m, n, k);
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < k; ++j) bad += !exact_matches(a, b, n, k, i, j, C);
+  CHECK(bad == 0);
+}
+TEST_CASE("reference.exact_dot.sliced_bits_per_slice") {
+  // X.5's budget: beta_a + beta_b + ceil(log2 n) = 53 for every inner dimension, so a GEMM's
+  // partial sums stay below 2^53 units.
+  const std::vector<int> a = {30, 20}, b = {10, 14};
+  for (int64_t n : {1, 2, 3, 512, 513, 4096}) {
+    CAPTURE(n);
+    const ref::Slicing s = ref::plan_slicing(a, b, n);
+    const int log_n = n == 1 ? 0 : 64 - __builtin_clzll(uint64_t(n - 1));
+    CHECK(s.beta_a + s.beta_b + log_n == 53);
+    CHECK(s.slices_a * s.beta_a >= 30);
+    CHECK(s.slices_b * s.beta_b >= 14);
+  }
 }
 TEST_CASE("reference.exact_dot.rejects_out_of_range") {
   std::vector<double> a = {0x1p-500, 1.0}, b = {1.0, 1.0};

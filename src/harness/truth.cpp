@@ -1,5 +1,7 @@
 #include "harness/truth.hpp"
 
+#include <algorithm>
+
 #include "core/parallel.hpp"
 #include "metrics/compare.hpp"
 #include "reference/mp.hpp"
@@ -14,8 +16,15 @@ const Outputs* Truth::of(const std::string& tensor) const {
 
 namespace {
 
-Outputs reference_run(const Case& k, const ref::Dots& d, bool latent_out) {
-  return k.cfg.level == Level::Kernel ? ref::ref_kernel(k) : ref::ref_explicit(k, d, latent_out);
+Outputs reference_run(const Case& k, const ref::Dots& d, bool latent_out, int threads) {
+  return k.cfg.level == Level::Kernel ? ref::ref_kernel(k)
+                                      : ref::ref_explicit(k, d, latent_out, threads);
+}
+
+// Threads for each of `runs` runs of one precision that run side by side: spare threads go to
+// ref.explicit, which shares its query rows among them.
+int threads_per_run(const TruthOptions& o, size_t runs) {
+  return runs == 0 ? 1 : std::max(1, o.threads / int(runs));
 }
 
 // The tensors both runs carry (and that carry meaning): what the agreement is measured on.
@@ -42,11 +51,14 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   {
     ref::PrecisionScope scope(o.bits);
     tasks.clear();
+    size_t runs = 0;
+    for (const Case* k : cases) runs += o.absorbed && k->cfg.level == Level::Module ? 2 : 1;
+    const int share = threads_per_run(o, runs);
     for (size_t i = 0; i < cases.size(); ++i) {
       truths[i].bits = ref::PrecisionScope::current_bits();
       const bool module = cases[i]->cfg.level == Level::Module;
-      tasks.push_back([&, i, module] {
-        truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out);
+      tasks.push_back([&, i, share] {
+        truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
       });
       if (o.absorbed && module)
         tasks.push_back(
@@ -57,10 +69,12 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   {
     ref::PrecisionScope scope(o.check_bits ? o.check_bits : o.bits + 64);
     tasks.clear();
+    const int share = threads_per_run(o, cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
       truths[i].check_bits = ref::PrecisionScope::current_bits();
-      tasks.push_back(
-          [&, i] { truths[i].check = reference_run(*cases[i], truths[i].dots, false); });
+      tasks.push_back([&, i, share] {
+        truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
+      });
     }
     run_parallel(tasks, o.threads);
   }

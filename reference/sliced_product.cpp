@@ -1,0 +1,199 @@
+#include "reference/sliced_product.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace qkmla::ref {
+
+namespace {
+
+constexpr int64_t kChunk = 256;  // rows of A per GEMM: each chunk gets only the slices it needs
+
+struct Bits {
+  int top = 0;   // every |x| < 2^top
+  int span = 0;  // top minus the lowest set bit's exponent; 0 when every x is zero
+};
+
+Bits bits_of(const double* x, int64_t count, int64_t stride) {
+  int top = std::numeric_limits<int>::min(), low = std::numeric_limits<int>::max();
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i * stride];
+    if (v == 0) continue;
+    top = std::max(top, std::ilogb(v) + 1);
+    low = std::min(low, trailing_exponent(v));
+  }
+  if (low == std::numeric_limits<int>::max()) return {};
+  return {top, top - low};
+}
+
+int slices_for(int span, int beta) { return (span + beta - 1) / beta; }
+
+// Cuts the values x[i * stride] (all |x| < 2^top) into `count` slices of beta bits: slice s is the
+// part on the grid 2^(top - beta (s + 1)), an integer below 2^beta times that power of two, written
+// to out[s * out_step + i * out_stride]. Scaling by a power of two is exact here: every scaled
+// value lies between 2^-900 and 2^beta (X.5), far from under- and overflow; r - piece only clears
+// bits.
+void slice(const double* x, int64_t n, int64_t stride, int top, int beta, int count, double* out,
+           int64_t out_step, int64_t out_stride) {
+  double down[64], up[64];
+  for (int s = 0; s < count; ++s) {
+    down[s] = std::ldexp(1.0, beta * (s + 1) - top);
+    up[s] = std::ldexp(1.0, top - beta * (s + 1));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    double r = x[i * stride];
+    for (int s = 0; s < count; ++s) {
+      const double piece = std::trunc(r * down[s]) * up[s];
+      out[s * out_step + i * out_stride] = piece;
+      r -= piece;
+    }
+    if (r != 0) throw std::logic_error("sliced products: a value is not covered by its slices");
+  }
+}
+
+// Shewchuk's Grow-Expansion with zero elimination (Discrete Comput. Geom. 18, 1997, Thm. 10):
+// adds b to the nonoverlapping expansion h (increasing magnitude) with exact two-sums, keeping it
+// nonoverlapping. Nothing is rounded away: the sum of h stays the exact sum of what was added.
+void grow(std::vector<double>& h, double b) {
+  if (b == 0) return;
+  size_t out = 0;
+  double q = b;
+  for (size_t i = 0; i < h.size(); ++i) {
+    const double s = q + h[i], bv = s - q, err = (q - (s - bv)) + (h[i] - bv);
+    q = s;
+    if (err != 0) h[out++] = err;
+  }
+  h.resize(out);
+  if (q != 0) h.push_back(q);
+}
+
+// Writes the exact sum of terms[0 .. width) as a nonoverlapping expansion, largest term first:
+// inline when it has at most kLevels terms (zero padded), else into `long_terms`.
+void compress(const double* terms, int width, int64_t flat, double* inline_terms,
+              std::unordered_map<int64_t, std::vector<double>>& long_terms,
+              std::vector<double>& h) {
+  h.clear();
+  for (int w = 0; w < width; ++w) grow(h, terms[w]);
+  std::reverse(h.begin(), h.end());
+  if (h.size() <= size_t(ExactProduct::kLevels))
+    std::copy(h.begin(), h.end(), inline_terms);
+  else
+    long_terms[flat] = h;
+}
+
+}  // namespace
+
+std::vector<int> row_spans(const double* A, int64_t lda, int64_t m, int64_t n) {
+  std::vector<int> spans{};
+  spans.resize(size_t(m));
+  for (int64_t i = 0; i < m; ++i) spans[size_t(i)] = bits_of(A + i * lda, n, 1).span;
+  return spans;
+}
+
+std::vector<int> col_spans(const double* B, int64_t ldb, int64_t n, int64_t k) {
+  std::vector<int> spans{};
+  spans.resize(size_t(k));
+  for (int64_t j = 0; j < k; ++j) spans[size_t(j)] = bits_of(B + j, n, ldb).span;
+  return spans;
+}
+
+Slicing plan_slicing(std::span<const int> a_spans, std::span<const int> b_spans, int64_t n) {
+  const int log_n = n <= 1 ? 0 : int(std::bit_width(uint64_t(n - 1)));  // ceil(log2 n)
+  const int total = 53 - log_n;
+  if (total < 2)
+    throw std::domain_error("sliced products: inner dimension " + std::to_string(n) +
+                            " leaves fewer than 2 bits per slice");
+  Slicing best;
+  best.gemms_per_chunk = std::numeric_limits<double>::infinity();
+  for (int beta_b = 1; beta_b < total; ++beta_b) {
+    const int beta_a = total - beta_b;
+    int sb = 1;
+    for (int s : b_spans) sb = std::max(sb, slices_for(s, beta_b));
+    int sa_max = 1;
+    double sum = 0.0;
+    int64_t chunks = 0;
+    for (size_t i0 = 0; i0 < a_spans.size(); i0 += size_t(kChunk), ++chunks) {
+      int sa = 1;
+      for (size_t i = i0; i < std::min(a_spans.size(), i0 + size_t(kChunk)); ++i)
+        sa = std::max(sa, slices_for(a_spans[i], beta_a));
+      sum += sa;
+      sa_max = std::max(sa_max, sa);
+    }
+    const double cost = sb * (chunks ? sum / double(chunks) : 1.0);
+    if (cost < best.gemms_per_chunk) best = {beta_a, beta_b, sa_max, sb, cost};
+  }
+  if (best.slices_a > 64 || best.slices_b > 64)
+    throw std::domain_error("sliced products: operands span too many binades to slice");
+  return best;
+}
+
+SlicedWeights::SlicedWeights(const double* B, int64_t ldb, int64_t n_, int64_t k_, const Slicing& s)
+    : n(n_), k(k_), plan(s) {
+  check_exact_range(B, n, ldb, k, "B");
+  slices.assign(size_t(s.slices_b), std::vector<double>(size_t(n * k), 0.0));
+  std::vector<double> column(size_t(s.slices_b * n));
+  for (int64_t j = 0; j < k; ++j) {
+    const Bits b = bits_of(B + j, n, ldb);
+    const int count = slices_for(b.span, s.beta_b);
+    if (count > s.slices_b)
+      throw std::logic_error("sliced products: a column needs more slices than planned");
+    slice(B + j, n, ldb, b.top, s.beta_b, count, column.data(), n, 1);
+    for (int t = 0; t < count; ++t)
+      for (int64_t l = 0; l < n; ++l)
+        slices[size_t(t)][size_t(l * k + j)] = column[size_t(t * n + l)];
+  }
+}
+
+ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const SlicedWeights& W) {
+  using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t n = W.n, k = W.k;
+  const Slicing& p = W.plan;
+  check_exact_range(A, m, lda, n, "A");
+  const int width = p.width();
+  std::vector<double> terms(size_t(m * k * ExactProduct::kLevels), 0.0);  // [m, k, kLevels]
+  std::unordered_map<int64_t, std::vector<double>> long_terms;
+  std::vector<double> a;      // [slices, chunk rows, n]
+  std::vector<double> parts;  // [chunk rows, k, width]: every GEMM's term of every entry
+  std::vector<double> h;
+  Matrix c;  // [chunk rows, k]
+  for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
+    const int64_t mc = std::min(kChunk, m - i0);
+    std::vector<Bits> rows{};
+    rows.resize(size_t(mc));
+    int sa = 0;
+    for (int64_t i = 0; i < mc; ++i) {
+      rows[size_t(i)] = bits_of(A + (i0 + i) * lda, n, 1);
+      sa = std::max(sa, slices_for(rows[size_t(i)].span, p.beta_a));
+    }
+    if (sa > p.slices_a)
+      throw std::logic_error("sliced products: a row needs more slices than planned");
+    a.assign(size_t(sa * mc * n), 0.0);
+    for (int64_t i = 0; i < mc; ++i)
+      slice(A + (i0 + i) * lda, n, 1, rows[size_t(i)].top, p.beta_a,
+            slices_for(rows[size_t(i)].span, p.beta_a), &a[size_t(i * n)], mc * n, 1);
+    parts.assign(size_t(mc * k * width), 0.0);
+    for (int s = 0; s < sa; ++s)
+      for (int t = 0; t < p.slices_b; ++t) {
+        const Eigen::Map<const Matrix> as(&a[size_t(s * mc * n)], mc, n);     // [mc, n]
+        const Eigen::Map<const Matrix> bt(W.slices[size_t(t)].data(), n, k);  // [n, k]
+        c.noalias() = as * bt;                                                // exact (X.5)
+        for (int64_t i = 0; i < mc; ++i)
+          for (int64_t j = 0; j < k; ++j)
+            parts[size_t((i * k + j) * width + s * p.slices_b + t)] = c(i, j);
+      }
+    for (int64_t i = 0; i < mc; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t flat = (i0 + i) * k + j;
+        compress(&parts[size_t((i * k + j) * width)], width, flat,
+                 &terms[size_t(flat * ExactProduct::kLevels)], long_terms, h);
+      }
+  }
+  return ExactProduct::of(m, k, std::move(terms), std::move(long_terms));
+}
+
+}  // namespace qkmla::ref
