@@ -74,6 +74,7 @@ class Dots {
   int64_t blocks_per_product() const;  // over the batch: 1 per sequence when whole
   int64_t blocks_formed() const;  // streaming: > blocks in the case when runs did not share them
   bool streaming() const { return block_tokens_ > 0; }
+  int64_t block_tokens() const { return block_tokens_; }  // 0 when whole
   // X.5 slicing of each product (null: extraction), and how the products are formed, for reports.
   std::string method() const;
 

@@ -58,4 +58,31 @@ void split_double(const Mp& x, double& hi, double& lo) {
   lo = Mp(x - hi).convert_to<double>();
 }
 
+PackedMpVec::PackedMpVec()
+    : prec_(PrecisionScope::current_bits()),
+      limbs_((mpfr_custom_get_size(prec_) + sizeof(mp_limb_t) - 1) / sizeof(mp_limb_t)) {}
+
+void PackedMpVec::reserve(size_t n) {
+  sig_.reserve(n * limbs_);
+  exp_.reserve(n);
+  kind_.reserve(n);
+}
+
+void PackedMpVec::push_back(const Mp& x) {
+  sig_.resize(sig_.size() + limbs_);
+  mp_limb_t* limbs = sig_.data() + sig_.size() - limbs_;
+  mpfr_custom_init(limbs, prec_);
+  mpfr_t view;
+  mpfr_custom_init_set(view, MPFR_ZERO_KIND, 0, prec_, limbs);
+  mpfr_set(view, x.backend().data(), MPFR_RNDN);
+  kind_.push_back(int8_t(mpfr_custom_get_kind(view)));
+  exp_.push_back(mpfr_regular_p(view) ? mpfr_custom_get_exp(view) : 0);
+}
+
+void PackedMpVec::get(size_t i, Mp& out) const {
+  mpfr_t view;
+  mpfr_custom_init_set(view, kind_[i], exp_[i], prec_, const_cast<mp_limb_t*>(&sig_[i * limbs_]));
+  mpfr_set(out.backend().data(), view, MPFR_RNDN);
+}
+
 }  // namespace qkmla::ref

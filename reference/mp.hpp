@@ -2,6 +2,7 @@
 #pragma once
 #include <boost/multiprecision/mpfr.hpp>
 #include <span>
+#include <vector>
 
 namespace qkmla::ref {
 
@@ -45,5 +46,25 @@ void add_expansion(Mp& x, std::span<const double> terms);
 // The nearest double to x and the nearest double to the remainder: a double-double image of x
 // (~106 bits), enough to measure agreement between two reference runs.
 void split_double(const Mp& x, double& hi, double& lo);
+
+// Values of one precision packed in plain arrays through MPFR's custom interface (significand
+// limbs, exponent and kind per value): ~25 B per 114-bit value instead of ~64 B for a
+// heap-allocated Mp. Values are stored and read back exactly; the precision is the default at
+// construction.
+class PackedMpVec {
+ public:
+  PackedMpVec();
+  void reserve(size_t n);
+  void push_back(const Mp& x);        // rounds if x is more precise than the vector (never here)
+  void get(size_t i, Mp& out) const;  // exact when out is at least as precise as the vector
+  size_t size() const { return exp_.size(); }
+
+ private:
+  mpfr_prec_t prec_;
+  size_t limbs_;
+  std::vector<mp_limb_t> sig_;   // [size, limbs_]
+  std::vector<mpfr_exp_t> exp_;  // [size]
+  std::vector<int8_t> kind_;     // [size]: MPFR kind, negative for negative values
+};
 
 }  // namespace qkmla::ref

@@ -39,13 +39,34 @@ Mp dot(const MpVec& a, const MpVec& b) {
   return acc;
 }
 
-Mp softmax_lse(const MpVec& logits) {
-  if (logits.empty()) return -std::numeric_limits<double>::infinity();
-  Mp m = logits[0];
-  for (const Mp& l : logits) m = std::max(m, l);  // the shift only guards exp's range
+namespace {
+
+// E.6's lse over n logits, read by at(i, out).
+template <class At>
+Mp lse_of(size_t n, const At& at) {
+  if (n == 0) return -std::numeric_limits<double>::infinity();
+  Mp m, l;
+  at(0, m);
+  for (size_t i = 0; i < n; ++i) {  // the shift only guards exp's range
+    at(i, l);
+    m = std::max(m, l);
+  }
   Mp sum = 0;
-  for (const Mp& l : logits) sum += exp(l - m);
+  for (size_t i = 0; i < n; ++i) {
+    at(i, l);
+    sum += exp(l - m);
+  }
   return m + log(sum);
+}
+
+}  // namespace
+
+Mp softmax_lse(const MpVec& logits) {
+  return lse_of(logits.size(), [&](size_t i, Mp& out) { out = logits[i]; });
+}
+
+Mp softmax_lse(const PackedMpVec& logits) {
+  return lse_of(logits.size(), [&](size_t i, Mp& out) { logits.get(i, out); });
 }
 
 void softmax(const MpVec& logits, Mp& lse, MpVec& p) {

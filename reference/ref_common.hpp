@@ -24,7 +24,8 @@ Mp dot(const MpVec& a, const MpVec& b);
 // Softmax of one query row over its visible logits (E.6): lse and p (same length as logits).
 // No visible key: lse = -inf, p empty.
 void softmax(const MpVec& logits, Mp& lse, MpVec& p);
-Mp softmax_lse(const MpVec& logits);  // softmax's lse alone; its p_t is exp(logit_t - lse)
+Mp softmax_lse(const MpVec& logits);        // softmax's lse alone; its p_t is exp(logit_t - lse)
+Mp softmax_lse(const PackedMpVec& logits);  // the same operations on packed logits
 
 // Allocates the named outputs (hi and lo) with NaN fill for alpha_k, 0 otherwise.
 void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names);

@@ -13,6 +13,7 @@ namespace qkmla::ref {
 namespace {
 
 constexpr int64_t kChunk = 256;  // rows of A per GEMM: each chunk gets only the slices it needs
+constexpr int64_t kTile = 512;   // columns of B per GEMM: bounds the scratch of GEMM terms
 
 struct Bits {
   int top = 0;   // every |x| < 2^top
@@ -176,22 +177,28 @@ ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const Sliced
     for (int64_t i = 0; i < mc; ++i)
       slice(A + (i0 + i) * lda, n, 1, rows[size_t(i)].top, p.beta_a,
             slices_for(rows[size_t(i)].span, p.beta_a), &a[size_t(i * n)], mc * n, 1);
-    parts.assign(size_t(mc * k * width), 0.0);
-    for (int s = 0; s < sa; ++s)
-      for (int t = 0; t < p.slices_b; ++t) {
-        const Eigen::Map<const Matrix> as(&a[size_t(s * mc * n)], mc, n);     // [mc, n]
-        const Eigen::Map<const Matrix> bt(W.slices[size_t(t)].data(), n, k);  // [n, k]
-        c.noalias() = as * bt;                                                // exact (X.5)
-        for (int64_t i = 0; i < mc; ++i)
-          for (int64_t j = 0; j < k; ++j)
-            parts[size_t((i * k + j) * width + s * p.slices_b + t)] = c(i, j);
-      }
-    for (int64_t i = 0; i < mc; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t flat = (i0 + i) * k + j;
-        compress(&parts[size_t((i * k + j) * width)], width, flat,
-                 &terms[size_t(flat * ExactProduct::kLevels)], long_terms, h);
-      }
+    // Column tiles of kTile: the GEMM terms of a tile's entries are small scratch, summed into
+    // their expansions before the next tile.
+    for (int64_t j0 = 0; j0 < k; j0 += kTile) {
+      const int64_t kc = std::min(kTile, k - j0);
+      parts.assign(size_t(mc * kc * width), 0.0);  // [mc, kc, width]
+      for (int s = 0; s < sa; ++s)
+        for (int t = 0; t < p.slices_b; ++t) {
+          const Eigen::Map<const Matrix> as(&a[size_t(s * mc * n)], mc, n);  // [mc, n]
+          const Eigen::Map<const Matrix, 0, Eigen::OuterStride<>> bt(
+              W.slices[size_t(t)].data() + j0, n, kc, Eigen::OuterStride<>(k));  // [n, kc]
+          c.noalias() = as * bt;                                                 // exact (X.5)
+          for (int64_t i = 0; i < mc; ++i)
+            for (int64_t j = 0; j < kc; ++j)
+              parts[size_t((i * kc + j) * width + s * p.slices_b + t)] = c(i, j);
+        }
+      for (int64_t i = 0; i < mc; ++i)
+        for (int64_t j = 0; j < kc; ++j) {
+          const int64_t flat = (i0 + i) * k + j0 + j;
+          compress(&parts[size_t((i * kc + j) * width)], width, flat,
+                   &terms[size_t(flat * ExactProduct::kLevels)], long_terms, h);
+        }
+    }
   }
   return ExactProduct::of(m, k, std::move(terms), std::move(long_terms));
 }

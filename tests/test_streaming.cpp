@@ -81,3 +81,30 @@ TEST_CASE("reference.streaming.unformable_block_fails_the_run") {
     CHECK_THROWS_AS(ref::ref_absorbed(k, blocks), std::domain_error);
   }
 }
+
+// ref_explicit_pair (S.4): the P run and its check take turns on each block, on two threads each,
+// and give the bits of two separate runs while forming every block once.
+TEST_CASE("reference.streaming.paired_runs_form_each_block_once") {
+  const uint64_t s = test::seed(1202);
+  CAPTURE(s);
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
+    CAPTURE(int(norm));
+    const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
+    const ref::Dots whole = ref::exact_dots(k);
+    const ref::Dots blocks(k, {64, 4});
+    Outputs p, check;
+    {
+      ref::PrecisionScope scope(113);
+      p = ref::ref_explicit(k, whole, true);
+    }
+    {
+      ref::PrecisionScope scope(177);
+      check = ref::ref_explicit(k, whole, false);
+    }
+    const auto [pp, pc] = ref::ref_explicit_pair(k, blocks, true, 113, 177, 2);
+    check_identical(p, pp);
+    check_identical(check, pc);
+    // (5 + 0 + 3 blocks) x (k0c, v): each formed once, not once per run.
+    CHECK(blocks.blocks_formed() == 16);
+  }
+}

@@ -66,6 +66,7 @@ Runner add_reference(CLI::App& app, const std::string& command_line) {
                                       human_bytes(available_bytes(nullptr))));
     const Case k = generate_case(cfg);
     const double generate_s = seconds_since(t0);
+    const std::string case_rss = human_bytes(peak_rss_bytes());
     const auto t1 = std::chrono::steady_clock::now();
     TruthOptions o;
     o.threads = f->threads;
@@ -87,7 +88,7 @@ Runner add_reference(CLI::App& app, const std::string& command_line) {
         "qkmla reference: preset {} (H={} G={} r={} d_c={} d_r={} d_v={}), seqlens [{}], S_q {}, "
         "{} norm, scenario {}, seed {}, profile {}\nMade by {}\n"
         "  products           {} (streamed: {}, blocks formed {}); {}\n"
-        "  generate case      {:.1f} s\n"
+        "  generate case      {:.1f} s (peak RSS so far {})\n"
         "  truth              {:.1f} s (exact products {:.1f} s of thread time, ref.explicit "
         "{:.1f} "
         "s at {} bits, check {:.1f} s at {} bits)\n"
@@ -99,7 +100,7 @@ Runner add_reference(CLI::App& app, const std::string& command_line) {
         fmt::join(cfg.seqlens, ","), cfg.s_q, to_string(cfg.norm), cfg.scenario, cfg.seed,
         to_string(cfg.profile), provenance(command_line, f->threads),
         t.dots.streaming() ? "256-token blocks" : "whole", t.dots.streaming() ? "yes" : "no",
-        t.dots.blocks_formed(), t.dots.method(), generate_s, truth_s, t.dots.seconds(),
+        t.dots.blocks_formed(), t.dots.method(), generate_s, case_rss, truth_s, t.dots.seconds(),
         t.explicit_p.seconds, t.bits, t.check.seconds, t.check_bits, t.agreeing_bits,
         t.required_bits, t.ok() ? "ok" : "NOT ENOUGH", human_bytes(peak_rss_bytes()), macs, rate,
         f->threads, macs / rate, 100.0 * macs / rate / truth_s);

@@ -3,6 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+#include <thread>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <vector>
 
 #include "cli/case_flags.hpp"
@@ -14,6 +18,12 @@
 using namespace qkmla;
 
 int main(int argc, char** argv) {
+#ifdef __GLIBC__
+  // glibc keeps up to 8 malloc arenas per core, and each short-lived helper thread's arena keeps
+  // the exact-product blocks it freed: 681 MB peak at 32k tokens (qkmla reference), 445 MB with one
+  // arena per core, no slower.
+  mallopt(M_ARENA_MAX, int(std::max(2u, std::thread::hardware_concurrency())));
+#endif
   CLI::App app{
       "qkmla: numerical verification of QK-Normed MLA (explicit vs absorbed, every precision)"};
   app.require_subcommand(1);

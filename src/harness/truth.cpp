@@ -1,6 +1,7 @@
 #include "harness/truth.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "core/parallel.hpp"
 #include "metrics/compare.hpp"
@@ -48,18 +49,26 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
       });
   tasks.insert(tasks.end(), extra.begin(), extra.end());
   run_parallel(tasks, o.threads);
+  // Streamed products: ref.explicit and its check take turns on each block, which is then formed
+  // once for both (ref_explicit_pair); everything else runs one precision at a time.
+  auto paired = [&](size_t i) {
+    return cases[i]->cfg.level == Level::Module && truths[i].dots.streaming();
+  };
+  const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
   {
     ref::PrecisionScope scope(o.bits);
     tasks.clear();
     size_t runs = 0;
-    for (const Case* k : cases) runs += o.absorbed && k->cfg.level == Level::Module ? 2 : 1;
+    for (size_t i = 0; i < cases.size(); ++i)
+      runs += (paired(i) ? 0 : 1) + (o.absorbed && cases[i]->cfg.level == Level::Module ? 1 : 0);
     const int share = threads_per_run(o, runs);
     for (size_t i = 0; i < cases.size(); ++i) {
       truths[i].bits = ref::PrecisionScope::current_bits();
       const bool module = cases[i]->cfg.level == Level::Module;
-      tasks.push_back([&, i, share] {
-        truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
-      });
+      if (!paired(i))
+        tasks.push_back([&, i, share] {
+          truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
+        });
       if (o.absorbed && module)
         tasks.push_back(
             [&, i] { truths[i].absorbed_p = ref::ref_absorbed(*cases[i], truths[i].dots); });
@@ -67,17 +76,24 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
     run_parallel(tasks, o.threads);
   }
   {
-    ref::PrecisionScope scope(o.check_bits ? o.check_bits : o.bits + 64);
+    ref::PrecisionScope scope(check_bits);
     tasks.clear();
-    const int share = threads_per_run(o, cases.size());
+    size_t runs = 0;
+    for (size_t i = 0; i < cases.size(); ++i) runs += paired(i) ? 0 : 1;
+    const int share = threads_per_run(o, runs);
     for (size_t i = 0; i < cases.size(); ++i) {
       truths[i].check_bits = ref::PrecisionScope::current_bits();
-      tasks.push_back([&, i, share] {
-        truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
-      });
+      if (!paired(i))
+        tasks.push_back([&, i, share] {
+          truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
+        });
     }
     run_parallel(tasks, o.threads);
   }
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (paired(i))
+      std::tie(truths[i].explicit_p, truths[i].check) = ref::ref_explicit_pair(
+          *cases[i], truths[i].dots, o.latent_out, o.bits, check_bits, o.threads);
   for (size_t i = 0; i < cases.size(); ++i) {
     Truth& t = truths[i];
     t.agreeing_bits = agreeing_bits(*cases[i], t.explicit_p, t.check, agreement_tensors(t.check));

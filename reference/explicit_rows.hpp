@@ -1,0 +1,55 @@
+// ref.explicit's stages (SPEC §1.1; proofs/reference.md, steps E.1-E.7, U.1): the query rows, and
+// one share of a sequence's query rows run in phases over token blocks, so that the P run and the
+// check run can take turns on each block of exact products (ref_explicit_pair, S.4).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/case.hpp"
+#include "core/outputs.hpp"
+#include "reference/dots.hpp"
+#include "reference/ref_common.hpp"
+
+namespace qkmla::ref {
+
+struct QueryRow {
+  MpVec qc, qr;  // qc^ [d_c], qr^ [d_r]
+  Mp alpha_q;    // 1 / S^q
+};
+
+// E.2-E.4 on one query row (b, i, h).
+QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps);
+
+// The query rows [r0, r1) of sequence b (row = i * H + h), E.1-E.7. Rows are independent, so
+// shares of them run on separate threads; each share forms the keys and values of the groups its
+// rows read, and alpha_k[t, g] is stored by the share holding g's first row. Every call runs at the
+// precision the share was made at (its MPFR values keep it; temporaries take the default).
+// `counts`: this share's cursors count towards Dots::blocks_read (one share per run does).
+class ExplicitRows {
+ public:
+  ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows, int r0,
+               int r1, bool with_latent_out, bool counts, Outputs& o);
+  void keys(int64_t t0, int64_t t1);    // E.1-E.5 on tokens [t0, t1), blocks in token order
+  void softmax();                       // E.6: lse of every row (after every keys() call)
+  void values(int64_t t0, int64_t t1);  // E.7 on tokens [t0, t1), blocks in token order
+  void finish();                        // stores out and latent_out (after every values() call)
+
+ private:
+  const Case& k_;
+  const MlaConfig& c_;
+  int b_, r0_, r1_;
+  int64_t T_;
+  const std::vector<QueryRow>& rows_;
+  bool latent_;
+  Outputs& o_;
+  Mp eps_, scale_;
+  std::vector<char> needed_, owned_;  // [G]: groups the rows read; groups whose alpha_k we store
+  Dots::Cursor k0c_, v_;
+  std::vector<PackedMpVec> logits_;  // [rows][visible t]: the only per-token state kept (E.5)
+  MpVec lse_;                        // [rows]
+  std::vector<MpVec> out_;           // [rows][d_v]
+  std::vector<MpVec> lat_;           // [rows][r] (latent_out only)
+  std::vector<size_t> seen_;         // [rows]: logits read back by values()
+};
+
+}  // namespace qkmla::ref
