@@ -126,6 +126,12 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
 
 }  // namespace
 
+SplitInfo split_info(const Dims& d, const std::vector<int>& seqlens, const RunOptions& o) {
+  const SplitPlan plan =
+      make_plan(seqlens, make_row_blocks(d, o.explicit_form).count, o.sm_count, o.pages_per_split);
+  return {plan.pages_per_split, plan.max_splits, kPage};
+}
+
 GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
   const Dims& d = c.d;
   check_dims(d, o.explicit_form);

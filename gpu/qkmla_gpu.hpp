@@ -45,6 +45,12 @@ struct GpuOutputs {
 
 // The CPU model: the same stages in the same order (always available).
 GpuOutputs run_model(const GpuCase& c, const RunOptions& o);
+// The split-KV plan run_model and run_on_device use for these shapes and sequence lengths (only
+// S_q, H and G of d matter): pages per split and the most splits of any sequence.
+struct SplitInfo {
+  int pages_per_split = 0, max_splits = 0, page_tokens = 0;
+};
+SplitInfo split_info(const Dims& d, const std::vector<int>& seqlens, const RunOptions& o);
 
 // True when a CUDA device can run the kernels; otherwise `why` says what is missing (no toolkit at
 // build time, no device, no driver).

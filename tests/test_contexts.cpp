@@ -99,3 +99,26 @@ TEST_CASE("cli.reference.streamed_and_whole_agree") {
   for (const char* field : {"peak RSS", "exact MACs", "fp64 FMA rate", "at commit"})
     CHECK(whole.out.find(field) != std::string::npos);
 }
+
+// gpu.model's line names its split-KV plan at each context (plan.hpp: pages of 64 tokens, splits
+// sized so that (sequence, split, row block) items number about 2 x 132 SMs without a device).
+// paper-decode, S_q 1: 16 rows, one row block. 4096 tokens: 64 pages, 1 page per split, 64
+// splits; 262144 tokens: 4096 pages, ceil(4096 / 264) = 16 pages per split, 256 splits. (An H200,
+// the only device these kernels are lent, has 132 SMs too.)
+TEST_CASE("report.contexts.gpu_model_legend_names_its_split_plan") {
+  ContextSweep s;
+  s.contexts = {4096, 262144};
+  for (int n : s.contexts) {
+    Report r;
+    r.cfg = config_for(find_preset("paper-decode"), n);
+    Row row;
+    row.impl = "gpu.model.bf16", row.profile = "bf16", row.tensor = "out";
+    row.m.rel_l2 = 1e-3, row.m.max_ulp = 2;
+    r.rows.push_back(row);
+    s.at.push_back(r);
+  }
+  const auto charts = context_charts(s);
+  REQUIRE(!charts.empty());
+  REQUIRE(charts[0].second.series.size() == 1);
+  CHECK(charts[0].second.series[0].name == "gpu.model (splits 64, 256)");
+}

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "gpu/qkmla_gpu.hpp"
 #include "report/charts.hpp"
 
 namespace qkmla {
@@ -130,6 +131,20 @@ std::string render_context_json(const ContextSweep& s, const std::string& how) {
   return j.dump(1) + "\n";
 }
 
+namespace {
+
+// The most splits of any sequence in gpu.model's split-KV plan (as the report runs it: the
+// absorbed form, split for this device's multiprocessors, or an H200's without one).
+std::string split_count(const MlaConfig& c) {
+  gpu::Dims d;
+  d.B = c.batch, d.S_q = c.s_q, d.H = c.heads, d.G = c.groups;
+  gpu::RunOptions o;
+  if (const int n = gpu::device_sm_count(); n > 0) o.sm_count = n;
+  return std::to_string(gpu::split_info(d, c.seqlens, o).max_splits);
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Plot>> context_charts(const ContextSweep& s) {
   std::vector<std::string> names;
   const auto series = by_profile(s, &names);
@@ -148,6 +163,11 @@ std::vector<std::pair<std::string, Plot>> context_charts(const ContextSweep& s) 
         PlotSeries line;
         line.name = without_profile(k.first, p);
         line.dashed = line.name == "cpu.explicit";
+        if (line.name == "gpu.model") {  // its split-KV plan changes with the context
+          std::string plans;
+          for (const Report& r : s.at) plans += (plans.empty() ? "" : ", ") + split_count(r.cfg);
+          line.name += " (splits " + plans + ")";
+        }
         for (size_t i = 0; i < s.contexts.size(); ++i)
           if (const Metrics* m = x.m.at(k)[i])
             line.points.emplace_back(double(s.contexts[i]), ulp ? m->max_ulp : m->rel_l2);
