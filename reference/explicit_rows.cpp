@@ -51,6 +51,7 @@ struct KeyRow {
   std::vector<MpVec> kc, kr;  // kc^ [G][d_c]; kr^ [G][d_r] (blockwise, none: one shared entry)
   MpVec alpha_k;              // [G]
   MpVec zk, zk_rot;           // raw and rotated k_pe [d_r]
+  MpVec gain_c, gain_r;       // the key gains (exact): content [d_c], rope [d_r]
 };
 
 // E.1-E.4 on cached token t of sequence b, for the groups marked in `needed` (the others keep
@@ -66,6 +67,13 @@ void key_row(const Case& k, Dots::Cursor& k0c_exact, int b, int64_t t, const Mp&
     row.alpha_k.resize(size_t(c.groups));
     row.kr.assign(per_group_rope ? size_t(c.groups) : 1, MpVec(size_t(c.d_r)));
     row.zk.resize(size_t(c.d_r));
+    if (c.norm != NormMode::None) {  // multiplying by an exact Mp rounds as mpfr_mul_d does
+      const bool uni = c.norm == NormMode::Unified;
+      const Tensor& gc = k.get(uni ? "gamma_k" : "gamma_ck");
+      const Tensor& gr = k.get(uni ? "gamma_k" : "gamma_rk");
+      row.gain_c = to_mp(gc.data.data(), c.d_c);
+      row.gain_r = to_mp(gr.data.data() + (uni ? c.d_c : 0), c.d_r);
+    }
   }
   const double* zk_raw = kpe.ptr({b, t, 0});
   for (int j = 0; j < c.d_r; ++j) row.zk[size_t(j)] = zk_raw[j];  // exact
@@ -83,22 +91,22 @@ void key_row(const Case& k, Dots::Cursor& k0c_exact, int b, int64_t t, const Mp&
       continue;
     }
     if (c.norm == NormMode::Blockwise) {
-      alpha_k = inv_rms(sum_squares(k0c), c.d_c, eps);           // E.2
-      scale_gain(k0c, 0, c.d_c, k.get("gamma_ck"), 0, alpha_k);  // E.3
+      alpha_k = inv_rms(sum_squares(k0c), c.d_c, eps);    // E.2
+      scale_gain(k0c, 0, c.d_c, row.gain_c, 0, alpha_k);  // E.3
       continue;
     }
     alpha_k = inv_rms(sum_squares(k0c) + sum_squares(rope_stat), c.d_c + c.d_r, eps);  // U.1
-    scale_gain(k0c, 0, c.d_c, k.get("gamma_k"), 0, alpha_k);
+    scale_gain(k0c, 0, c.d_c, row.gain_c, 0, alpha_k);
     MpVec& kr = row.kr[size_t(g)];
     kr = rope_stat;
-    scale_gain(kr, 0, c.d_r, k.get("gamma_k"), c.d_c, alpha_k);
+    scale_gain(kr, 0, c.d_r, row.gain_r, 0, alpha_k);
     if (ntr) rotate(kr, k, t);
   }
   if (c.norm == NormMode::None) row.kr[0] = row.zk_rot;
   if (c.norm == NormMode::Blockwise) {
     MpVec& kr = row.kr[0];
     kr = rope_stat;
-    scale_gain(kr, 0, c.d_r, k.get("gamma_rk"), 0, inv_rms(sum_squares(kr), c.d_r, eps));
+    scale_gain(kr, 0, c.d_r, row.gain_r, 0, inv_rms(sum_squares(kr), c.d_r, eps));
     if (ntr) rotate(kr, k, t);
   }
 }

@@ -29,6 +29,14 @@ void scale_gain(MpVec& z, int from, int n, const Tensor& gamma, int gamma_from, 
   }
 }
 
+void scale_gain(MpVec& z, int from, int n, const MpVec& gamma, int gamma_from, const Mp& inv) {
+  for (int j = 0; j < n; ++j) {
+    mpfr_ptr zj = z[size_t(from + j)].backend().data();
+    mpfr_mul(zj, zj, gamma[size_t(gamma_from + j)].backend().data(), MPFR_RNDN);
+    mpfr_mul(zj, zj, inv.backend().data(), MPFR_RNDN);
+  }
+}
+
 void rotate(MpVec& z, const Case& k, int64_t p) {
   rope_rotate(z.data(), k.cfg.d_r, k.cfg.rope_style, k.get("rope_cos"), k.get("rope_sin"), p);
 }

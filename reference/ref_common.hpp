@@ -17,6 +17,9 @@ Mp sum_squares(const MpVec& z, int from = 0, int n = -1);  // sum_j z_j^2
 Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps);
 // E.3: z_j * gamma_j * inv over [from, from + n) of z, gamma read from `gamma` at gamma_from.
 void scale_gain(MpVec& z, int from, int n, const Tensor& gamma, int gamma_from, const Mp& inv);
+// The same with the gains already exact MPFR values (the same roundings, without converting
+// every gain on every call).
+void scale_gain(MpVec& z, int from, int n, const MpVec& gamma, int gamma_from, const Mp& inv);
 // E.4: rotation by the table row of position p.
 void rotate(MpVec& z, const Case& k, int64_t p);
 Mp dot(const MpVec& a, const MpVec& b);
