@@ -114,12 +114,10 @@ void key_row(const Case& k, Dots::Cursor& k0c_exact, int b, int64_t t, const Mp&
 }  // namespace
 
 ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows,
-                           int r0, int r1, bool with_latent_out, bool counts, Outputs& o)
+                           int h0, int h1, bool with_latent_out, bool counts, Outputs& o)
     : k_(k),
       c_(k.cfg),
       b_(b),
-      r0_(r0),
-      r1_(r1),
       T_(k.cfg.seqlens[size_t(b)]),
       rows_(rows),
       latent_(with_latent_out),
@@ -130,11 +128,13 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
       owned_(size_t(k.cfg.groups), 0),
       k0c_(d.cursor(k, b, Dots::Which::K0c, counts)),
       v_(d.cursor(k, b, Dots::Which::V, counts)) {
-  const size_t n = size_t(r1 - r0);
-  for (int row = r0; row < r1; ++row) needed_[size_t(c_.group_of(row % c_.heads))] = 1;
+  for (int i = 0; i < c_.s_q; ++i)
+    for (int h = h0; h < h1; ++h) ids_.push_back(i * c_.heads + h);
+  const size_t n = ids_.size();
+  for (int h = h0; h < h1; ++h) needed_[size_t(c_.group_of(h))] = 1;
   for (int g = 0; g < c_.groups; ++g) {
-    const int first = g * c_.heads_per_group();  // i = 0, first head of g
-    owned_[size_t(g)] = first >= r0 && first < r1;
+    const int first = g * c_.heads_per_group();  // the first head of g
+    owned_[size_t(g)] = first >= h0 && first < h1;
   }
   logits_.resize(n);
   for (PackedMpVec& l : logits_) l.reserve(size_t(T_));
@@ -153,7 +153,7 @@ void ExplicitRows::keys(int64_t t0, int64_t t1) {
       if (owned_[size_t(g)])
         store(o_, "alpha_k", alpha_k_hi.index({b_, t, g}), key.alpha_k[size_t(g)]);
     for (size_t x = 0; x < logits_.size(); ++x) {
-      const int row = r0_ + int(x), i = row / c_.heads, h = row % c_.heads;
+      const int row = ids_[x], i = row / c_.heads, h = row % c_.heads;
       if (!token_visible(c_.causal, T_, c_.s_q, i, t)) continue;
       const QueryRow& q = rows_[size_t(row)];
       const size_t g = size_t(c_.group_of(h));
@@ -166,7 +166,7 @@ void ExplicitRows::keys(int64_t t0, int64_t t1) {
 void ExplicitRows::softmax() {  // E.6; p = exp(logit - lse) is formed again as E.7 reads it
   for (size_t x = 0; x < logits_.size(); ++x) {
     lse_[x] = softmax_lse(logits_[x]);
-    store(o_, "lse", int64_t(b_ * c_.s_q * c_.heads + r0_) + int64_t(x), lse_[x]);
+    store(o_, "lse", int64_t(b_ * c_.s_q * c_.heads + ids_[x]), lse_[x]);
   }
 }
 
@@ -183,7 +183,7 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
           set_expansion(v[size_t(g)][size_t(j)], v_.entry(t, g * c_.d_v + j));
     for (size_t j = 0; j < ct.size(); ++j) ct[j] = kv.at({b_, t, int64_t(j)});
     for (size_t x = 0; x < out_.size(); ++x) {
-      const int row = r0_ + int(x), i = row / c_.heads, h = row % c_.heads;
+      const int row = ids_[x], i = row / c_.heads, h = row % c_.heads;
       if (!token_visible(c_.causal, T_, c_.s_q, i, t)) continue;
       logits_[x].get(seen_[x]++, logit);
       p = exp(logit - lse_[x]);
@@ -196,7 +196,7 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
 
 void ExplicitRows::finish() {
   for (size_t x = 0; x < out_.size(); ++x) {
-    const int64_t base = int64_t(b_ * c_.s_q * c_.heads + r0_) + int64_t(x);
+    const int64_t base = int64_t(b_ * c_.s_q * c_.heads + ids_[x]);
     for (int j = 0; j < c_.d_v; ++j) store(o_, "out", base * c_.d_v + j, out_[x][size_t(j)]);
     if (latent_)
       for (int j = 0; j < c_.latent_rank; ++j)

@@ -20,15 +20,16 @@ struct QueryRow {
 // E.2-E.4 on one query row (b, i, h).
 QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps);
 
-// The query rows [r0, r1) of sequence b (row = i * H + h), E.1-E.7. Rows are independent, so
-// shares of them run on separate threads; each share forms the keys and values of the groups its
-// rows read, and alpha_k[t, g] is stored by the share holding g's first row. Every call runs at the
+// The query rows of heads [h0, h1) of sequence b (row = i * H + h, every i), E.1-E.7. Rows are
+// independent, so shares of them run on separate threads; a share by heads forms the keys and
+// values of its heads' groups only (a group's rows stay together for any S_q), and alpha_k[t, g]
+// is stored by the share holding g's first head. Every call runs at the
 // precision the share was made at (its MPFR values keep it; temporaries take the default).
 // `counts`: this share's cursors count towards Dots::blocks_read (one share per run does).
 class ExplicitRows {
  public:
-  ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows, int r0,
-               int r1, bool with_latent_out, bool counts, Outputs& o);
+  ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows, int h0,
+               int h1, bool with_latent_out, bool counts, Outputs& o);
   void keys(int64_t t0, int64_t t1);    // E.1-E.5 on tokens [t0, t1), blocks in token order
   void softmax();                       // E.6: lse of every row (after every keys() call)
   void values(int64_t t0, int64_t t1);  // E.7 on tokens [t0, t1), blocks in token order
@@ -37,7 +38,8 @@ class ExplicitRows {
  private:
   const Case& k_;
   const MlaConfig& c_;
-  int b_, r0_, r1_;
+  int b_;
+  std::vector<int> ids_;  // [rows of this share]: row index i * H + h
   int64_t T_;
   const std::vector<QueryRow>& rows_;
   bool latent_;

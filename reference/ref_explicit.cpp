@@ -32,7 +32,7 @@ void end_outputs(const Case& k, Outputs& o) {
 }
 
 int share_count(const Case& k, int threads) {
-  return deep_capture() ? 1 : std::max(1, std::min(threads, k.cfg.s_q * k.cfg.heads));
+  return deep_capture() ? 1 : std::max(1, std::min(threads, k.cfg.heads));
 }
 
 // One run of sequence b at the current precision: its query rows (E.2-E.4) and its shares.
@@ -48,10 +48,9 @@ struct SequenceRun {
         rows.push_back(query_row(k, b, i, h, eps));
         store(o, "alpha_q", o.tensors.at("alpha_q").index({b, i, h}), rows.back().alpha_q);
       }
-    const int n_rows = c.s_q * c.heads;
-    for (int s = 0; s < n_shares; ++s)
-      shares.push_back(std::make_unique<ExplicitRows>(k, d, b, rows, n_rows * s / n_shares,
-                                                      n_rows * (s + 1) / n_shares, with_latent_out,
+    for (int s = 0; s < n_shares; ++s)  // by heads: a group's rows in one share
+      shares.push_back(std::make_unique<ExplicitRows>(k, d, b, rows, c.heads * s / n_shares,
+                                                      c.heads * (s + 1) / n_shares, with_latent_out,
                                                       s == 0, o));
   }
   SequenceRun(const SequenceRun&) = delete;  // the shares hold a reference to rows
