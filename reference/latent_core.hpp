@@ -30,7 +30,9 @@ struct MpLatentResult {
 };
 
 // Sequence b: the perturbation supplies group map, visibility, alpha_k token and softmax scale.
+// `threads` share the query rows (the same bits for any count).
 MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q,
-                                const MpLatentCache& cache, const Perturbation& p = {});
+                                const MpLatentCache& cache, const Perturbation& p = {},
+                                int threads = 1);
 
 }  // namespace qkmla::ref

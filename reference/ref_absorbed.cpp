@@ -163,7 +163,7 @@ std::vector<ExactProduct> gram_matrices(const Case& k) {
 
 }  // namespace
 
-Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation& p) {
+Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation& p, int threads) {
   const auto start = std::chrono::steady_clock::now();
   const MlaConfig& c = k.cfg;
   const Ctx x{k, v, p, Mp(c.eps)};
@@ -199,7 +199,7 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
       cache.rope.push_back(std::move(rope));
       cache.alpha_k.push_back(std::move(ak));
     }
-    const MpLatentResult res = mp_latent_attend(k, b, q, cache, p);  // A.4-A.5
+    const MpLatentResult res = mp_latent_attend(k, b, q, cache, p, threads);  // A.4-A.5
     Mp tmp, w;
     for (size_t row = 0; row < q.q_latent.size(); ++row) {
       const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);

@@ -26,7 +26,7 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
 // variant of SPEC §1.2 (the shared vocabulary of core/variant.hpp; alpha_k_bf16 is a profile
 // option and means nothing here) and a perturbation (a mutant, for convergence studies).
 Outputs ref_absorbed(const Case& k, const Dots& d, Variant v = Variant::Default,
-                     const Perturbation& p = {});
+                     const Perturbation& p = {}, int threads = 1);
 // Kernel-level case (SPEC §2): latent_out and lse from the rounded kernel inputs.
 Outputs ref_kernel(const Case& kernel_case);
 

@@ -44,14 +44,15 @@ TEST_CASE("reference.streaming.blocks_equal_whole_products") {
     const ref::Dots whole = ref::exact_dots(k);
     REQUIRE_FALSE(whole.streaming());
     // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
-    // explicit run reads later, so both sharing and re-forming happen.
+    // explicit run reads later, so both sharing and re-forming happen. The absorbed run shares
+    // its rows between two threads, the whole one does not: the same bits.
     const ref::Dots blocks(k, {64, 2});
     ref::PrecisionScope scope(113);
     const Outputs ex_whole = ref::ref_explicit(k, whole, true);
     const Outputs ab_whole = ref::ref_absorbed(k, whole);
     Outputs ex_blocks, ab_blocks;
     run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
-                  [&] { ab_blocks = ref::ref_absorbed(k, blocks); }},
+                  [&] { ab_blocks = ref::ref_absorbed(k, blocks, Variant::Default, {}, 2); }},
                  2);
     check_identical(ex_whole, ex_blocks);
     check_identical(ab_whole, ab_blocks);

@@ -70,8 +70,10 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
           truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
         });
       if (o.absorbed && module)
-        tasks.push_back(
-            [&, i] { truths[i].absorbed_p = ref::ref_absorbed(*cases[i], truths[i].dots); });
+        tasks.push_back([&, i, share] {
+          truths[i].absorbed_p =
+              ref::ref_absorbed(*cases[i], truths[i].dots, Variant::Default, {}, share);
+        });
     }
     run_parallel(tasks, o.threads);
   }
