@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "cli/build_commit.inc"
 #include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::cli {
@@ -25,11 +26,16 @@ std::string run(const std::string& cmd) {
 }  // namespace
 
 std::string provenance(const std::string& command_line, int threads) {
-  std::string commit =
+  // The commit the binary was built from; the tree's own, if it has moved on since, beside it.
+  std::string commit = QKMLA_BUILD_COMMIT;
+  const std::string tree =
       run("git -C '" QKMLA_SOURCE_DIR "' describe --always --dirty --abbrev=12 2>/dev/null");
+  if (commit.empty()) commit = tree;
   if (commit.empty() && std::getenv("QKMLA_COMMIT"))
     commit = std::getenv("QKMLA_COMMIT");  // a copied tree
   if (commit.empty()) commit = "unknown (not a git checkout)";
+  if (!tree.empty() && tree != commit)
+    commit += " (built then; the source tree is now at " + tree + ")";
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
