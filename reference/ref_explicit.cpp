@@ -48,7 +48,7 @@ struct SequenceRun {
         rows.push_back(query_row(k, b, i, h, eps));
         store(o, "alpha_q", o.tensors.at("alpha_q").index({b, i, h}), rows.back().alpha_q);
       }
-    for (int s = 0; s < n_shares; ++s)  // by heads: a group's rows in one share
+    for (int s = 0; s < n_shares; ++s)  // by heads: whole groups when the split falls between them
       shares.push_back(std::make_unique<ExplicitRows>(k, d, b, rows, c.heads * s / n_shares,
                                                       c.heads * (s + 1) / n_shares, with_latent_out,
                                                       s == 0, o));
