@@ -37,28 +37,32 @@ void check_identical(const Outputs& a, const Outputs& b) {
 TEST_CASE("reference.streaming.blocks_equal_whole_products") {
   const uint64_t s = test::seed(1201);
   CAPTURE(s);
-  // Two sequences over several 64-token blocks (one partial), an empty one, S_q 2, both norms.
-  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
-    CAPTURE(int(norm));
-    const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
-    const ref::Dots whole = ref::exact_dots(k);
-    REQUIRE_FALSE(whole.streaming());
-    // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
-    // explicit run reads later, so both sharing and re-forming happen. The absorbed run shares
-    // its rows between two threads, the whole one does not: the same bits.
-    const ref::Dots blocks(k, {64, 2});
-    ref::PrecisionScope scope(113);
-    const Outputs ex_whole = ref::ref_explicit(k, whole, true);
-    const Outputs ab_whole = ref::ref_absorbed(k, whole);
-    Outputs ex_blocks, ab_blocks;
-    run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
-                  [&] { ab_blocks = ref::ref_absorbed(k, blocks, Variant::Default, {}, 2); }},
-                 2);
-    check_identical(ex_whole, ex_blocks);
-    check_identical(ab_whole, ab_blocks);
-    // 3 + 3 blocks of k0c read by both runs, 3 + 3 of v by the explicit run: at least 12 formed.
-    CHECK(blocks.blocks_formed() >= 12);
-  }
+  // Two sequences over several 64-token blocks (one partial), an empty one, S_q 2, three norms;
+  // the products by sliced GEMMs (X.5) and by extraction (X.1-X.2).
+  for (const bool sliced : {true, false})
+    for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
+      CAPTURE(sliced);
+      CAPTURE(int(norm));
+      const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
+      const ref::Dots whole(k, {0, 4, int64_t(1) << 30, sliced});
+      REQUIRE_FALSE(whole.streaming());
+      CHECK((whole.method().find("sliced") != std::string::npos) == sliced);
+      // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
+      // explicit run reads later, so both sharing and re-forming happen. The absorbed run shares
+      // its rows between two threads, the whole one does not: the same bits.
+      const ref::Dots blocks(k, {64, 2, int64_t(1) << 30, sliced});
+      ref::PrecisionScope scope(113);
+      const Outputs ex_whole = ref::ref_explicit(k, whole, true);
+      const Outputs ab_whole = ref::ref_absorbed(k, whole);
+      Outputs ex_blocks, ab_blocks;
+      run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
+                    [&] { ab_blocks = ref::ref_absorbed(k, blocks, Variant::Default, {}, 2); }},
+                   2);
+      check_identical(ex_whole, ex_blocks);
+      check_identical(ab_whole, ab_blocks);
+      // 3 + 3 blocks of k0c read by both runs, 3 + 3 of v by the explicit run: at least 12 formed.
+      CHECK(blocks.blocks_formed() >= 12);
+    }
 }
 
 TEST_CASE("reference.streaming.long_cases_stream") {
@@ -107,5 +111,22 @@ TEST_CASE("reference.streaming.paired_runs_form_each_block_once") {
     check_identical(check, pc);
     // (5 + 0 + 3 blocks) x (k0c, v): each formed once, not once per run.
     CHECK(blocks.blocks_formed() == 16);
+  }
+}
+
+// X.5 against X.1-X.2 end to end: for bf16 and fp32 data every exact product has fewer than P bits,
+// so both ways of forming the products enter MPFR exactly and the reference's bits agree.
+TEST_CASE("reference.streaming.sliced_and_extracted_products_agree") {
+  const uint64_t s = test::seed(1203);
+  CAPTURE(s);
+  for (Profile prof : {Profile::BF16, Profile::FP32}) {
+    CAPTURE(int(prof));
+    const Case k = generate_case(test::tiny_config(prof, {200, 77}, 2, NormMode::Unified, s));
+    const ref::Dots sliced(k, {0, 4, int64_t(1) << 30, true});
+    const ref::Dots extracted(k, {0, 4, int64_t(1) << 30, false});
+    REQUIRE(sliced.method() != extracted.method());
+    ref::PrecisionScope scope(113);
+    check_identical(ref::ref_explicit(k, sliced, true), ref::ref_explicit(k, extracted, true));
+    check_identical(ref::ref_absorbed(k, sliced), ref::ref_absorbed(k, extracted));
   }
 }
