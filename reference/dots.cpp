@@ -62,7 +62,8 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w)
 
 Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
   shared_->cached = o.cached;
-  int64_t bytes = 0;  // of the expansions of every product, formed whole
+  int64_t tokens = 0, bytes = 0;  // bytes: of the expansions of every product, formed whole
+  for (int t : k.cfg.seqlens) tokens += t;
   for (Which w : {Which::K0c, Which::V}) {
     auto& s = shared_->sliced[int(w)];
     try {
@@ -70,8 +71,6 @@ Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(ne
     } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
       s = nullptr;
     }
-    int64_t tokens = 0;
-    for (int t : k.cfg.seqlens) tokens += t;
     bytes += tokens * weights(k, w).shape[1] * ExactProduct::kLevels * 8;
   }
   if (block_tokens_ < 0) block_tokens_ = bytes <= o.whole_bytes ? 0 : 256;
