@@ -36,10 +36,15 @@ class ExplicitRows {
   void finish();                        // stores out and latent_out (after every values() call)
 
  private:
+  bool visible(size_t x, int64_t t) const;  // share row x sees token t
+  void token_rope(int64_t t, size_t slot);
+  void group_key(int g, int64_t t, size_t slot, MpVec& kc, MpVec& kr);
+
   const Case& k_;
   const MlaConfig& c_;
   int b_;
   std::vector<int> ids_;  // [rows of this share]: row index i * H + h
+  std::vector<std::vector<size_t>> by_group_;  // [G][its rows]: share rows x of each group
   int64_t T_;
   const std::vector<QueryRow>& rows_;
   bool latent_;
@@ -52,6 +57,12 @@ class ExplicitRows {
   std::vector<MpVec> out_;           // [rows][d_v]
   std::vector<MpVec> lat_;           // [rows][r] (latent_out only)
   std::vector<size_t> seen_;         // [rows]: logits read back by values()
+  MpVec gain_c_, gain_r_;            // the key gains (exact): content [d_c], rope [d_r]
+  // keys(): per token of the chunk in hand, the rope part of its key [chunk][d_r] (unified: the
+  // part the norm sees) and its sum of squares [chunk]; each row's rope logit term [rows][chunk]
+  std::vector<MpVec> rope_;
+  MpVec rope_ss_;
+  std::vector<MpVec> rope_dot_;
 };
 
 }  // namespace qkmla::ref
