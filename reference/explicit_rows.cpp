@@ -75,8 +75,7 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
     for (int h = h0; h < h1; ++h) ids_.push_back(i * c_.heads + h);
   const size_t n = ids_.size();
   by_group_.resize(size_t(c_.groups));
-  for (size_t x = 0; x < n; ++x)
-    by_group_[size_t(c_.group_of(ids_[x] % c_.heads))].push_back(x);
+  for (size_t x = 0; x < n; ++x) by_group_[size_t(c_.group_of(ids_[x] % c_.heads))].push_back(x);
   for (int h = h0; h < h1; ++h) needed_[size_t(c_.group_of(h))] = 1;
   for (int g = 0; g < c_.groups; ++g) {
     const int first = g * c_.heads_per_group();  // the first head of g
@@ -106,7 +105,7 @@ bool ExplicitRows::visible(size_t x, int64_t t) const {
 void ExplicitRows::token_rope(int64_t t, size_t slot) {
   const bool ntr = c_.rope_order == RopeOrder::NormThenRope;
   const double* zk_raw = k_.get("k_pe").ptr({b_, t, 0});
-  MpVec& z = rope_[slot];  // [d_r]
+  MpVec& z = rope_[slot];                                     // [d_r]
   for (int j = 0; j < c_.d_r; ++j) z[size_t(j)] = zk_raw[j];  // exact
   if (c_.norm == NormMode::Unified) {  // U.1: the rope part the norm sees (rotated: rope_then_norm)
     if (!ntr) rotate(z, k_, t);
@@ -140,8 +139,7 @@ void ExplicitRows::group_key(int g, int64_t t, size_t slot, MpVec& kc, MpVec& kr
     scale_gain(kr, 0, c_.d_r, gain_r_, 0, alpha_k);
     if (c_.rope_order == RopeOrder::NormThenRope) rotate(kr, k_, t);
   }
-  if (owned_[size_t(g)])
-    store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
+  if (owned_[size_t(g)]) store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
   for (size_t x : by_group_[size_t(g)]) {
     if (!visible(x, t)) continue;
     const QueryRow& q = rows_[size_t(ids_[x])];

@@ -43,7 +43,7 @@ class ExplicitRows {
   const Case& k_;
   const MlaConfig& c_;
   int b_;
-  std::vector<int> ids_;  // [rows of this share]: row index i * H + h
+  std::vector<int> ids_;                       // [rows of this share]: row index i * H + h
   std::vector<std::vector<size_t>> by_group_;  // [G][its rows]: share rows x of each group
   int64_t T_;
   const std::vector<QueryRow>& rows_;
