@@ -7,6 +7,8 @@
 #include <future>
 #include <mutex>
 
+#include "reference/slice_gemm.hpp"
+
 namespace qkmla::ref {
 
 struct Dots::Shared {
@@ -177,7 +179,7 @@ std::string Dots::method() const {
     out += std::string(out.empty() ? "" : ", ") + (w == Which::K0c ? "k0c " : "v ");
     out += s ? "sliced GEMMs (" + std::to_string(s->plan.beta_a) + "+" +
                    std::to_string(s->plan.beta_b) + " bits, " + std::to_string(s->plan.slices_a) +
-                   "x" + std::to_string(s->plan.slices_b) + " slices)"
+                   "x" + std::to_string(s->plan.slices_b) + " slices, " + slice_gemm_target() + ")"
              : std::string("extraction");
   }
   return out;

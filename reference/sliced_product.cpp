@@ -1,12 +1,13 @@
 #include "reference/sliced_product.hpp"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
+
+#include "reference/slice_gemm.hpp"
 
 namespace qkmla::ref {
 
@@ -151,17 +152,14 @@ SlicedWeights::SlicedWeights(const double* B, int64_t ldb, int64_t n_, int64_t k
 }
 
 ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const SlicedWeights& W) {
-  using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t n = W.n, k = W.k;
   const Slicing& p = W.plan;
   check_exact_range(A, m, lda, n, "A");
-  const int width = p.width();
   std::vector<double> terms(size_t(m * k * ExactProduct::kLevels), 0.0);  // [m, k, kLevels]
   std::unordered_map<int64_t, std::vector<double>> long_terms;
   std::vector<double> a;      // [slices, chunk rows, n]
-  std::vector<double> parts;  // [chunk rows, k, width]: every GEMM's term of every entry
-  std::vector<double> h;
-  Matrix c;  // [chunk rows, k]
+  std::vector<double> parts;  // [GEMMs][chunk rows, tile columns]: every GEMM's terms
+  std::vector<double> h, entry;
   for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
     const int64_t mc = std::min(kChunk, m - i0);
     std::vector<Bits> rows{};
@@ -181,22 +179,19 @@ ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const Sliced
     // their expansions before the next tile.
     for (int64_t j0 = 0; j0 < k; j0 += kTile) {
       const int64_t kc = std::min(kTile, k - j0);
-      parts.assign(size_t(mc * kc * width), 0.0);  // [mc, kc, width]
+      const int used = sa * p.slices_b;  // GEMMs this chunk needs (its rows' slices only)
+      parts.resize(size_t(used * mc * kc));
       for (int s = 0; s < sa; ++s)
-        for (int t = 0; t < p.slices_b; ++t) {
-          const Eigen::Map<const Matrix> as(&a[size_t(s * mc * n)], mc, n);  // [mc, n]
-          const Eigen::Map<const Matrix, 0, Eigen::OuterStride<>> bt(
-              W.slices[size_t(t)].data() + j0, n, kc, Eigen::OuterStride<>(k));  // [n, kc]
-          c.noalias() = as * bt;                                                 // exact (X.5)
-          for (int64_t i = 0; i < mc; ++i)
-            for (int64_t j = 0; j < kc; ++j)
-              parts[size_t((i * kc + j) * width + s * p.slices_b + t)] = c(i, j);
-        }
+        for (int t = 0; t < p.slices_b; ++t)  // [mc, n] slice s of the rows times [n, kc] slice t
+          slice_gemm(&a[size_t(s * mc * n)], n, W.slices[size_t(t)].data() + j0, k,
+                     &parts[size_t((s * p.slices_b + t) * mc * kc)], kc, mc, n, kc);  // exact (X.5)
+      entry.resize(size_t(used));
       for (int64_t i = 0; i < mc; ++i)
         for (int64_t j = 0; j < kc; ++j) {
           const int64_t flat = (i0 + i) * k + j0 + j;
-          compress(&parts[size_t((i * kc + j) * width)], width, flat,
-                   &terms[size_t(flat * ExactProduct::kLevels)], long_terms, h);
+          for (int w = 0; w < used; ++w) entry[size_t(w)] = parts[size_t((w * mc + i) * kc + j)];
+          compress(entry.data(), used, flat, &terms[size_t(flat * ExactProduct::kLevels)],
+                   long_terms, h);
         }
     }
   }

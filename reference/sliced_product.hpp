@@ -5,8 +5,8 @@
 // a row times one slice of a column is then an integer below 2^(beta_a + beta_b) times one power of
 // two, and with beta_a + beta_b + ceil(log2 n) <= 53 every partial sum of n such products is an
 // integer below 2^53 times that power: exact in double, in any order, with or without fma. So
-// ordinary double GEMMs (Eigen) of slice matrices give exact terms, and entry (i, j) of A*B is
-// the exact sum of its slices_a * slices_b terms.
+// ordinary double GEMMs (slice_gemm.hpp) of slice matrices give exact terms, and entry (i, j) of
+// A*B is the exact sum of its slices_a * slices_b terms.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -10,6 +10,7 @@
 #include "core/rng.hpp"
 #include "helpers.hpp"
 #include "reference/exact_dot.hpp"
+#include "reference/slice_gemm.hpp"
 #include "reference/sliced_product.hpp"
 
 using namespace qkmla;
@@ -86,9 +87,12 @@ TEST_CASE("reference.exact_dot.sliced_matches_mpfr") {
   check_all(DType::F64, 0, test::seed(18), Method::Sliced);
   check_all(DType::F32, 60, test::seed(19), Method::Sliced);
 }
-TEST_CASE("reference.exact_dot.sliced_full_slices") {
-  // Every slice an all-ones integer (2^beta - 1): each GEMM's partial sums come within a factor
-  // n / 2^ceil(log2 n) of 2^53 units, so one bit more per slice than X.5 allows would round.
+namespace {
+
+// Every slice an all-ones integer (2^beta - 1): each GEMM's partial sums come within a factor
+// n / 2^ceil(log2 n) of 2^53 units, so one bit more per slice than X.5 allows would round.
+// Returns the entries of the sliced product that are not exact.
+int full_slices_inexact() {
   const int64_t m = 3, n = 70, k = 5;
   std::vector<double> a(size_t(m * n)), b(size_t(n * k));
   const double ones = 1.0 - std::ldexp(1.0, -53);  // 53 set bits
@@ -98,7 +102,40 @@ TEST_CASE("reference.exact_dot.sliced_full_slices") {
   int bad = 0;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < k; ++j) bad += !exact_matches(a, b, n, k, i, j, C);
-  CHECK(bad == 0);
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("reference.exact_dot.sliced_full_slices") { CHECK(full_slices_inexact() == 0); }
+TEST_CASE("reference.slice_gemm.every_target_sums_exactly") {
+  // Integer matrices whose every partial sum stays below 2^53: any summation order gives the exact
+  // sums. Sizes leave remainders in rows (13), panel columns (45 of a 50-wide B) and inner blocks
+  // (300), on every instruction set this CPU has, and slice_gemm must return the naive sums' bits.
+  const uint64_t s = test::seed(24);
+  CAPTURE(s);
+  Rng rng(s);
+  const int64_t m = 13, n = 300, kc = 45, ldb = 50;
+  std::vector<double> a(size_t(m * n)), b(size_t(n * ldb));
+  for (double& x : a) x = std::ldexp(double(int64_t(rng.below(1 << 21)) - (1 << 20)), -30);
+  for (double& x : b) x = std::ldexp(double(int64_t(rng.below(1 << 23)) - (1 << 22)), 7);
+  std::vector<double> want(size_t(m * kc), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < kc; ++j)
+      for (int64_t p = 0; p < n; ++p)
+        want[size_t(i * kc + j)] += a[size_t(i * n + p)] * b[size_t(p * ldb + j)];
+  int targets = 0;
+  ref::for_each_slice_gemm_target([&](const std::string& target) {
+    CAPTURE(target);
+    ++targets;
+    std::vector<double> got(size_t(m * kc), -1.0);
+    ref::slice_gemm(a.data(), n, b.data(), ldb, got.data(), kc, m, n, kc);
+    CHECK(got == want);
+    CHECK(full_slices_inexact() == 0);  // and X.5 at the edge of its budget, on this target
+  });
+  CHECK(targets >= 1);
+  MESSAGE("slice_gemm targets checked: " << targets
+                                         << ", dispatched: " << ref::slice_gemm_target());
 }
 TEST_CASE("reference.exact_dot.sliced_bits_per_slice") {
   // X.5's budget: beta_a + beta_b + ceil(log2 n) = 53 for every inner dimension, so a GEMM's

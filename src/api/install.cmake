@@ -1,7 +1,7 @@
 # Install rules for consumers (README "Use from C++"): one static archive libqkmla.a holding every
 # layer (merged with ar, so a consumer links one library), the public header <qkmla/qkmla.hpp>, and
 # a package config giving qkmla::qkmla with the libraries the archive needs (MPFR, GMP, fmt,
-# toml++, threads, and the CUDA runtime when the kernels were built).
+# toml++, Highway, threads, and the CUDA runtime when the kernels were built).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
