@@ -19,6 +19,7 @@ struct Dots::Shared {
   double seconds = 0.0;
   int64_t formed = 0;
   std::atomic<int64_t> read{0};
+  std::atomic<int> no_ahead{0};  // live NoAhead guards
   int64_t per_product = 0;
   std::shared_ptr<const SlicedWeights> sliced[2];  // [K0c, V]; null: extraction (X.1-X.2)
 };
@@ -91,24 +92,32 @@ Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(ne
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, int64_t t0) const {
-  const Key key{b, int(w), t0};
-  std::promise<std::shared_ptr<const ExactProduct>> mine;
-  {
-    std::unique_lock<std::mutex> lock(shared_->m);
-    auto it = shared_->blocks.find(key);
-    if (it != shared_->blocks.end()) {
-      const auto formed = it->second;  // formed, or being formed by another run
-      lock.unlock();
-      return formed.get();
-    }
-    shared_->blocks[key] = mine.get_future().share();
-    shared_->order.push_back(key);
-    if (int(shared_->order.size()) > shared_->cached) {
-      shared_->blocks.erase(shared_->order.front());  // readers hold their own shared_ptr
-      shared_->order.pop_front();
-    }
+bool Dots::find_or_enter(const Key& key, Future& found, const Future& fresh) const {
+  std::lock_guard<std::mutex> lock(shared_->m);
+  auto it = shared_->blocks.find(key);
+  if (it != shared_->blocks.end()) {
+    found = it->second;  // formed, or being formed by another run
+    return true;
   }
+  shared_->blocks[key] = fresh;
+  shared_->order.push_back(key);
+  if (int(shared_->order.size()) > shared_->cached) {
+    shared_->blocks.erase(shared_->order.front());  // readers hold their own shared_ptr
+    shared_->order.pop_front();
+  }
+  return false;
+}
+
+void Dots::add_time(double seconds, bool formed) const {
+  std::lock_guard<std::mutex> lock(shared_->m);
+  shared_->seconds += seconds;
+  shared_->formed += formed ? 1 : 0;
+}
+
+std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, int64_t t0) const {
+  std::promise<std::shared_ptr<const ExactProduct>> mine;
+  Future found;
+  if (find_or_enter({b, int(w), t0}, found, mine.get_future().share())) return found.get();
   const auto start = std::chrono::steady_clock::now();
   const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
   std::shared_ptr<const ExactProduct> p;
@@ -119,11 +128,58 @@ std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, i
     throw;
   }
   mine.set_value(p);
-  std::lock_guard<std::mutex> lock(shared_->m);
-  shared_->seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ++shared_->formed;
+  add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), true);
   return p;
+}
+
+Dots::Pending::Pending(const Dots& d, const Case& k, int b, Which w, int64_t t0, int64_t t1)
+    : d_(&d), k_(&k), b_(b), w_(w), t0_(t0), t1_(t1) {
+  const SlicedWeights* s = d.shared_->sliced[int(w)].get();
+  pieces_ = s ? int(SlicedProduct::tiles_for(s->k)) : 1;
+  left_ = pieces_;
+}
+
+void Dots::Pending::run(int piece) {
+  const auto start = std::chrono::steady_clock::now();
+  const SlicedWeights* s = d_->shared_->sliced[int(w_)].get();
+  bool last = false;
+  try {
+    if (s) {
+      std::call_once(sliced_once_, [&] {
+        product_ = std::make_unique<SlicedProduct>(k_->latent().ptr({b_, t0_, 0}),
+                                                   k_->cfg.latent_rank, t1_ - t0_, *s);
+      });
+      product_->tile(piece);
+    } else {
+      whole_ = form(*k_, nullptr, b_, w_, t0_, t1_);
+    }
+    last = --left_ == 0;
+    if (last && !failed_)
+      done_.set_value(s ? std::make_shared<const ExactProduct>(product_->finish()) : whole_);
+  } catch (...) {  // readers see the first error; the block stays unformed
+    if (!failed_.exchange(true)) done_.set_exception(std::current_exception());
+    throw;
+  }
+  if (last) product_.reset();
+  d_->add_time(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               last);
+}
+
+std::shared_ptr<Dots::Pending> Dots::prefetch(const Case& k, int b, Which w, int64_t t0) const {
+  if (!streaming() || t0 >= k.cfg.seqlens[size_t(b)]) return nullptr;
+  const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
+  std::shared_ptr<Pending> p(new Pending(*this, k, b, w, t0, t1));
+  Future found;
+  if (find_or_enter({b, int(w), t0}, found, p->done_.get_future().share())) return nullptr;
+  return p;
+}
+
+Dots::NoAhead::NoAhead(const Dots& d) : d_(d) {
+  if (d_.shared_) ++d_.shared_->no_ahead;
+}
+
+Dots::NoAhead::~NoAhead() {
+  if (d_.shared_) --d_.shared_->no_ahead;
 }
 
 Dots::Cursor Dots::cursor(const Case& k, int b, Which w, bool counts) const {
@@ -143,7 +199,7 @@ std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
       if (ahead_.valid()) ahead_.wait();  // a block this run skipped: let it finish
       block_ = d_->block(*k_, b_, w_, t0_);
     }
-    if (d_->streaming() && t1_ < T) {
+    if (d_->streaming() && t1_ < T && d_->shared_->no_ahead == 0) {
       const Dots* d = d_;
       const Case* k = k_;
       const int b = b_;

@@ -8,10 +8,12 @@
 // `cached` blocks are kept, so memory is independent of the context length (proofs/reference.md,
 // "Streaming").
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <tuple>
@@ -67,6 +69,46 @@ class Dots {
   // this cursor's moves count towards blocks_read() (a run with several threads counts one).
   Cursor cursor(const Case& k, int b, Which w, bool counts = true) const;
 
+  // A block that a streaming runner forms ahead on its own threads (ref_explicit_pair), so that
+  // no helper thread competes with them: pieces() parts (512-column tiles of the sliced GEMMs;
+  // one part for extraction), each run once, distinct parts concurrently. The last part to end
+  // puts the block in the cache, where readers already wait for it.
+  class Pending {
+   public:
+    int pieces() const { return pieces_; }
+    void run(int piece);
+
+   private:
+    friend class Dots;
+    Pending(const Dots& d, const Case& k, int b, Which w, int64_t t0, int64_t t1);
+    const Dots* d_;
+    const Case* k_;
+    int b_;
+    Which w_;
+    int64_t t0_, t1_;
+    int pieces_;
+    std::once_flag sliced_once_;
+    std::unique_ptr<SlicedProduct> product_;  // sliced: made by the first part to run
+    std::shared_ptr<const ExactProduct> whole_;
+    std::promise<std::shared_ptr<const ExactProduct>> done_;
+    std::atomic<int> left_;
+    std::atomic<bool> failed_{false};
+  };
+  // The block of sequence b's product w from token t0, to be formed by its pieces; null when the
+  // products are not streamed or the block is cached or being formed already.
+  std::shared_ptr<Pending> prefetch(const Case& k, int b, Which w, int64_t t0) const;
+  // While one lives, cursors form no blocks ahead on helper threads: the runner prefetches.
+  class NoAhead {
+   public:
+    explicit NoAhead(const Dots& d);
+    ~NoAhead();
+    NoAhead(const NoAhead&) = delete;
+    NoAhead& operator=(const NoAhead&) = delete;
+
+   private:
+    const Dots& d_;
+  };
+
   double seconds() const;  // time spent forming products, over all threads
   // Blocks the runs' cursors have moved to so far (progress: a streamed ref.explicit run reads
   // each sequence's k0c blocks, then its v blocks, once each).
@@ -80,7 +122,11 @@ class Dots {
 
  private:
   using Key = std::tuple<int, int, int64_t>;  // (b, which, first token)
+  using Future = std::shared_future<std::shared_ptr<const ExactProduct>>;
   std::shared_ptr<const ExactProduct> block(const Case& k, int b, Which w, int64_t t0) const;
+  // Under the lock: the cached (or pending) block of `key`, else `fresh` entered as that block.
+  bool find_or_enter(const Key& key, Future& found, const Future& fresh) const;
+  void add_time(double seconds, bool formed) const;
 
   int64_t block_tokens_ = 0;
   struct Shared;

@@ -55,9 +55,18 @@ struct SequenceRun {
   }
   SequenceRun(const SequenceRun&) = delete;  // the shares hold a reference to rows
 
-  void each(const std::function<void(ExplicitRows&)>& f) {
+  // Runs f on every share, each on its own thread. `ahead` (may be null): a block read later,
+  // formed in the same phases: share i first runs its pieces first + i, first + i + stride, ...
+  // so that the threads share that work evenly (a helper thread would compete with them).
+  void each(const std::function<void(ExplicitRows&)>& f, Dots::Pending* ahead = nullptr,
+            int first = 0, int stride = 1) {
     std::vector<std::function<void()>> tasks;
-    for (auto& s : shares) tasks.push_back([&f, &s] { f(*s); });
+    for (size_t i = 0; i < shares.size(); ++i)
+      tasks.push_back([&f, &s = shares[i], ahead, p0 = first + int(i), stride] {
+        if (ahead)
+          for (int p = p0; p < ahead->pieces(); p += stride) ahead->run(p);
+        f(*s);
+      });
     run_parallel(tasks, int(tasks.size()));
   }
 };
@@ -95,6 +104,8 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
                                               int bits, int check_bits, int threads) {
   Outputs p = begin_outputs(k, with_latent_out), check = begin_outputs(k, false);
   const int shares = share_count(k, threads);
+  const Dots::NoAhead no_ahead(d);  // the phases form the next block themselves
+  const int stride = 2 * shares;    // share tasks per block: the P run's, then the check's
   for (int b = 0; b < k.cfg.batch; ++b) {
     const int64_t T = k.cfg.seqlens[size_t(b)];
     const int64_t block = d.streaming() ? d.block_tokens() : std::max<int64_t>(T, 1);
@@ -103,19 +114,35 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
           [&] { rp = std::make_unique<SequenceRun>(k, d, b, with_latent_out, shares, p); });
     timed(check_bits, check.seconds,
           [&] { rc = std::make_unique<SequenceRun>(k, d, b, false, shares, check); });
-    // The two runs read each block one after the other, so it is formed once for both (S.4).
+    // The two runs read each block one after the other, so it is formed once for both (S.4); the
+    // block after it is formed in the same two phases, by their share tasks.
+    if (auto first = d.prefetch(k, b, Dots::Which::K0c, 0)) {
+      std::vector<std::function<void()>> pieces;
+      for (int i = 0; i < first->pieces(); ++i) pieces.push_back([&first, i] { first->run(i); });
+      run_parallel(pieces, shares);
+    }
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t t1 = std::min(T, t0 + block);
-      timed(bits, p.seconds, [&] { rp->each([&](ExplicitRows& r) { r.keys(t0, t1); }); });
-      timed(check_bits, check.seconds, [&] { rc->each([&](ExplicitRows& r) { r.keys(t0, t1); }); });
+      const auto ahead =
+          t1 < T ? d.prefetch(k, b, Dots::Which::K0c, t1) : d.prefetch(k, b, Dots::Which::V, 0);
+      timed(bits, p.seconds,
+            [&] { rp->each([&](ExplicitRows& r) { r.keys(t0, t1); }, ahead.get(), 0, stride); });
+      timed(check_bits, check.seconds, [&] {
+        rc->each([&](ExplicitRows& r) { r.keys(t0, t1); }, ahead.get(), shares, stride);
+      });
     }
     timed(bits, p.seconds, [&] { rp->each([](ExplicitRows& r) { r.softmax(); }); });
     timed(check_bits, check.seconds, [&] { rc->each([](ExplicitRows& r) { r.softmax(); }); });
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t t1 = std::min(T, t0 + block);
-      timed(bits, p.seconds, [&] { rp->each([&](ExplicitRows& r) { r.values(t0, t1); }); });
-      timed(check_bits, check.seconds,
-            [&] { rc->each([&](ExplicitRows& r) { r.values(t0, t1); }); });
+      const auto ahead =
+          t1 < T ? d.prefetch(k, b, Dots::Which::V, t1)
+                 : (b + 1 < k.cfg.batch ? d.prefetch(k, b + 1, Dots::Which::K0c, 0) : nullptr);
+      timed(bits, p.seconds,
+            [&] { rp->each([&](ExplicitRows& r) { r.values(t0, t1); }, ahead.get(), 0, stride); });
+      timed(check_bits, check.seconds, [&] {
+        rc->each([&](ExplicitRows& r) { r.values(t0, t1); }, ahead.get(), shares, stride);
+      });
     }
     timed(bits, p.seconds, [&] {
       rp->each([](ExplicitRows& r) { r.finish(); });

@@ -151,51 +151,72 @@ SlicedWeights::SlicedWeights(const double* B, int64_t ldb, int64_t n_, int64_t k
   }
 }
 
-ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const SlicedWeights& W) {
-  const int64_t n = W.n, k = W.k;
+SlicedProduct::SlicedProduct(const double* A, int64_t lda, int64_t m, const SlicedWeights& W)
+    : m_(m), W_(W) {
+  const int64_t n = W.n;
   const Slicing& p = W.plan;
   check_exact_range(A, m, lda, n, "A");
-  std::vector<double> terms(size_t(m * k * ExactProduct::kLevels), 0.0);  // [m, k, kLevels]
-  std::unordered_map<int64_t, std::vector<double>> long_terms;
-  std::vector<double> a;      // [slices, chunk rows, n]
-  std::vector<double> parts;  // [GEMMs][chunk rows, tile columns]: every GEMM's terms
-  std::vector<double> h, entry;
+  terms_.assign(size_t(m * W.k * ExactProduct::kLevels), 0.0);  // [m, k, kLevels]
+  long_terms_.resize(size_t(tiles()));
+  // Each chunk of kChunk rows is cut into only the slices its rows need, once for every tile.
+  std::vector<Bits> rows(size_t(std::min(kChunk, m)));
   for (int64_t i0 = 0; i0 < m; i0 += kChunk) {
     const int64_t mc = std::min(kChunk, m - i0);
-    std::vector<Bits> rows{};
-    rows.resize(size_t(mc));
     int sa = 0;
-    for (int64_t i = 0; i < mc; ++i) {
-      rows[size_t(i)] = bits_of(A + (i0 + i) * lda, n, 1);
-      sa = std::max(sa, slices_for(rows[size_t(i)].span, p.beta_a));
+    for (int64_t r = 0; r < mc; ++r) {
+      rows[size_t(r)] = bits_of(A + (i0 + r) * lda, n, 1);
+      sa = std::max(sa, slices_for(rows[size_t(r)].span, p.beta_a));
     }
     if (sa > p.slices_a)
       throw std::logic_error("sliced products: a row needs more slices than planned");
-    a.assign(size_t(sa * mc * n), 0.0);
-    for (int64_t i = 0; i < mc; ++i)
-      slice(A + (i0 + i) * lda, n, 1, rows[size_t(i)].top, p.beta_a,
-            slices_for(rows[size_t(i)].span, p.beta_a), &a[size_t(i * n)], mc * n, 1);
-    // Column tiles of kTile: the GEMM terms of a tile's entries are small scratch, summed into
-    // their expansions before the next tile.
-    for (int64_t j0 = 0; j0 < k; j0 += kTile) {
-      const int64_t kc = std::min(kTile, k - j0);
-      const int used = sa * p.slices_b;  // GEMMs this chunk needs (its rows' slices only)
-      parts.resize(size_t(used * mc * kc));
-      for (int s = 0; s < sa; ++s)
-        for (int t = 0; t < p.slices_b; ++t)  // [mc, n] slice s of the rows times [n, kc] slice t
-          slice_gemm(&a[size_t(s * mc * n)], n, W.slices[size_t(t)].data() + j0, k,
-                     &parts[size_t((s * p.slices_b + t) * mc * kc)], kc, mc, n, kc);  // exact (X.5)
-      entry.resize(size_t(used));
-      for (int64_t i = 0; i < mc; ++i)
-        for (int64_t j = 0; j < kc; ++j) {
-          const int64_t flat = (i0 + i) * k + j0 + j;
-          for (int w = 0; w < used; ++w) entry[size_t(w)] = parts[size_t((w * mc + i) * kc + j)];
-          compress(entry.data(), used, flat, &terms[size_t(flat * ExactProduct::kLevels)],
-                   long_terms, h);
-        }
-    }
+    const size_t at = a_.size();
+    chunks_.push_back({at, sa});
+    a_.resize(at + size_t(sa * mc * n), 0.0);
+    for (int64_t r = 0; r < mc; ++r)
+      slice(A + (i0 + r) * lda, n, 1, rows[size_t(r)].top, p.beta_a,
+            slices_for(rows[size_t(r)].span, p.beta_a), &a_[at + size_t(r * n)], mc * n, 1);
   }
-  return ExactProduct::of(m, k, std::move(terms), std::move(long_terms));
+}
+
+int64_t SlicedProduct::tiles_for(int64_t k) { return (k + kTile - 1) / kTile; }
+
+// Columns [j0, j0 + kTile) of every row, a chunk of rows at a time: the GEMM terms of the chunk's
+// entries are small scratch, summed into their expansions before the next chunk.
+void SlicedProduct::tile(int64_t i) {
+  const int64_t n = W_.n, k = W_.k, j0 = i * kTile, kc = std::min(kTile, k - j0);
+  const Slicing& p = W_.plan;
+  std::vector<double> parts;  // [GEMMs][chunk rows, kc]: every GEMM's terms
+  std::vector<double> h, entry;
+  for (int64_t i0 = 0; i0 < m_; i0 += kChunk) {
+    const int64_t mc = std::min(kChunk, m_ - i0);
+    const auto [at, sa] = chunks_[size_t(i0 / kChunk)];  // [sa, mc, n] slices of the rows
+    const int used = sa * p.slices_b;                    // GEMMs this chunk needs
+    parts.resize(size_t(used * mc * kc));
+    for (int s = 0; s < sa; ++s)
+      for (int t = 0; t < p.slices_b; ++t)  // [mc, n] slice s of the rows times [n, kc] slice t
+        slice_gemm(&a_[at + size_t(s * mc * n)], n, W_.slices[size_t(t)].data() + j0, k,
+                   &parts[size_t((s * p.slices_b + t) * mc * kc)], kc, mc, n, kc);  // exact (X.5)
+    entry.resize(size_t(used));
+    for (int64_t r = 0; r < mc; ++r)
+      for (int64_t j = 0; j < kc; ++j) {
+        const int64_t flat = (i0 + r) * k + j0 + j;
+        for (int w = 0; w < used; ++w) entry[size_t(w)] = parts[size_t((w * mc + r) * kc + j)];
+        compress(entry.data(), used, flat, &terms_[size_t(flat * ExactProduct::kLevels)],
+                 long_terms_[size_t(i)], h);
+      }
+  }
+}
+
+ExactProduct SlicedProduct::finish() {
+  std::unordered_map<int64_t, std::vector<double>> long_terms;
+  for (auto& t : long_terms_) long_terms.merge(t);
+  return ExactProduct::of(m_, W_.k, std::move(terms_), std::move(long_terms));
+}
+
+ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const SlicedWeights& W) {
+  SlicedProduct product(A, lda, m, W);
+  for (int64_t i = 0; i < product.tiles(); ++i) product.tile(i);
+  return product.finish();
 }
 
 }  // namespace qkmla::ref

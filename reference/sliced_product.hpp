@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "reference/exact_dot.hpp"
@@ -49,5 +50,30 @@ class SlicedWeights {
 // entries of A must be finite and zero or in [2^-400, 2^400] (std::domain_error), as for
 // exact_matmul.
 ExactProduct sliced_matmul(const double* A, int64_t lda, int64_t m, const SlicedWeights& W);
+
+// sliced_matmul a tile of 512 columns at a time, for callers that spread one product over threads:
+// tile(i) once for every i < tiles() (distinct tiles may run concurrently; each writes only its
+// own columns), then finish(). The constructor slices A (its rows' slices are kept: ~slices_a
+// times A's size).
+class SlicedProduct {
+ public:
+  SlicedProduct(const double* A, int64_t lda, int64_t m, const SlicedWeights& W);
+  static int64_t tiles_for(int64_t k);  // tiles of a product with k columns
+  int64_t tiles() const { return tiles_for(W_.k); }
+  void tile(int64_t i);
+  ExactProduct finish();
+
+ private:
+  struct Chunk {
+    size_t at;  // offset of the chunk's slices in a_
+    int slices;
+  };
+  int64_t m_;
+  const SlicedWeights& W_;
+  std::vector<double> a_;      // per chunk of rows: [slices, chunk rows, n]
+  std::vector<Chunk> chunks_;  // [chunks]
+  std::vector<double> terms_;  // [m, k, kLevels]
+  std::vector<std::unordered_map<int64_t, std::vector<double>>> long_terms_;  // [tiles]
+};
 
 }  // namespace qkmla::ref
