@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 out=reports/long-context.md
 tmp=$(mktemp -d)
+commit=$(git describe --always --dirty --abbrev=12)  # before the report file below is rewritten
 {
   echo "# Long context: the streamed reference (paper-decode, bf16, batch 1, S_q 1)"
   echo
-  echo "Made by \`bash reports/long_context.sh\` at commit $(git describe --always --dirty --abbrev=12), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, CPU only, nothing else running."
+  echo "Made by \`bash reports/long_context.sh\` at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, CPU only, nothing else running."
   echo
   for n in ${CONTEXTS:-32768 131072 262144}; do
     /usr/bin/time -f "%e s wall, %M KB peak RSS (GNU time)" "$build/src/qkmla" reference --seqlen "$n" \

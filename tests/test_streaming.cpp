@@ -114,6 +114,37 @@ TEST_CASE("reference.streaming.paired_runs_form_each_block_once") {
   }
 }
 
+// S.4's prefetch: with products of more than one 512-column tile (here 3: 1280 columns), the tiles
+// of the block read next are formed by different share tasks of the two runs' phases, several at
+// once; the runs still give the bits of separate runs on whole products, each block formed once.
+TEST_CASE("reference.streaming.prefetched_tiles_give_whole_products_bits") {
+  const uint64_t s = test::seed(1204);
+  CAPTURE(s);
+  MlaConfig c = test::tiny_config(Profile::BF16, {200, 70}, 2, NormMode::Blockwise, s);
+  c.heads = c.groups = 8, c.d_c = c.d_v = 160;
+  c.set_default_scale();
+  const Case k = generate_case(c);
+  const ref::Dots whole = ref::exact_dots(k);
+  Outputs p, check;
+  {
+    ref::PrecisionScope scope(113);
+    p = ref::ref_explicit(k, whole, true);
+  }
+  {
+    ref::PrecisionScope scope(177);
+    check = ref::ref_explicit(k, whole, false);
+  }
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    const ref::Dots blocks(k, {64, 4});
+    REQUIRE(blocks.method().find("sliced") != std::string::npos);
+    const auto [pp, pc] = ref::ref_explicit_pair(k, blocks, true, 113, 177, threads);
+    check_identical(p, pp);
+    check_identical(check, pc);
+    CHECK(blocks.blocks_formed() == 2 * (4 + 2));  // (4 + 2 blocks) x (k0c, v)
+  }
+}
+
 // X.5 against X.1-X.2 end to end: for bf16 and fp32 data every exact product has fewer than P bits,
 // so both ways of forming the products enter MPFR exactly and the reference's bits agree.
 TEST_CASE("reference.streaming.sliced_and_extracted_products_agree") {
