@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -39,10 +40,21 @@ void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t w
 }
 
 int trailing_exponent(double x) {
-  int e;
-  const double m = std::frexp(std::fabs(x), &e);  // m in [0.5, 1)
-  const auto bits = int64_t(std::ldexp(m, 53));   // exact: 53-bit integer significand
-  return e - 53 + __builtin_ctzll(uint64_t(bits));
+  // From the bits (no libm calls: the sliced products take this for every operand): x is its
+  // significand field times 2^-1074 when subnormal, else (field + 2^52) times 2^(exponent - 1075).
+  const auto bits = std::bit_cast<uint64_t>(x);
+  const int field = int((bits >> 52) & 0x7ff);
+  const uint64_t significand = bits & ((uint64_t(1) << 52) - 1);
+  if (field == 0) return -1074 + __builtin_ctzll(significand);
+  return field - 1075 + __builtin_ctzll(significand | (uint64_t(1) << 52));
+}
+
+int top_exponent(double x) {
+  const auto bits = std::bit_cast<uint64_t>(x);
+  const int field = int((bits >> 52) & 0x7ff);
+  const uint64_t significand = bits & ((uint64_t(1) << 52) - 1);
+  if (field == 0) return -1074 + (64 - __builtin_clzll(significand));  // subnormal
+  return field - 1022;
 }
 
 namespace {

@@ -39,6 +39,8 @@ void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t w
                        const char* what);
 // Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result.
 int trailing_exponent(double x);
+// The smallest e with |x| < 2^e (ilogb(x) + 1) for finite nonzero x, from the bits.
+int top_exponent(double x);
 
 // C[i, j] = sum_l A[i*lda + l] * B[l*ldb + j], i < m, l < n, j < k. All inputs finite and either
 // zero or of magnitude in [2^-400, 2^400] (checked: throws std::domain_error), so that no split

@@ -26,7 +26,7 @@ Bits bits_of(const double* x, int64_t count, int64_t stride) {
   for (int64_t i = 0; i < count; ++i) {
     const double v = x[i * stride];
     if (v == 0) continue;
-    top = std::max(top, std::ilogb(v) + 1);
+    top = std::max(top, top_exponent(v));
     low = std::min(low, trailing_exponent(v));
   }
   if (low == std::numeric_limits<int>::max()) return {};

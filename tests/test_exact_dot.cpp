@@ -108,6 +108,36 @@ int full_slices_inexact() {
 }  // namespace
 
 TEST_CASE("reference.exact_dot.sliced_full_slices") { CHECK(full_slices_inexact() == 0); }
+TEST_CASE("reference.exact_dot.exponents_from_bits") {
+  // trailing_exponent and top_exponent read the bits; libm's frexp and ilogb define them: random
+  // magnitudes over the whole range, subnormals, powers of two and both signs.
+  const uint64_t s = test::seed(25);
+  CAPTURE(s);
+  Rng rng(s);
+  std::vector<double> xs = {1.0,
+                            -1.0,
+                            0.75,
+                            std::ldexp(1.0, -1074),
+                            std::ldexp(3.0, -1074),
+                            std::ldexp(1.0, -1022),
+                            std::ldexp(1.0, 1023),
+                            -0x1.fffffffffffffp+1023,
+                            std::ldexp(0x1.8p0, -1060)};
+  for (int i = 0; i < 20000; ++i) {
+    const double m = (rng.uniform() + 0.5) * (rng.below(2) ? 1 : -1);
+    const double x = std::ldexp(std::trunc(m * std::ldexp(1.0, int(rng.below(54)))),
+                                int(rng.below(2100)) - 1100);
+    if (x != 0 && std::isfinite(x)) xs.push_back(x);
+  }
+  int bad = 0;
+  for (double x : xs) {
+    int e;
+    const double frac = std::frexp(std::fabs(x), &e);
+    const int trailing = e - 53 + __builtin_ctzll(uint64_t(std::ldexp(frac, 53)));
+    bad += ref::trailing_exponent(x) != trailing || ref::top_exponent(x) != std::ilogb(x) + 1;
+  }
+  CHECK(bad == 0);
+}
 TEST_CASE("reference.slice_gemm.every_target_sums_exactly") {
   // Integer matrices whose every partial sum stays below 2^53: any summation order gives the exact
   // sums. Sizes leave remainders in rows (13), panel columns (45 of a 50-wide B) and inner blocks

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/rng.hpp"
 #include "helpers.hpp"
 
 using namespace qkmla;
@@ -62,6 +63,26 @@ TEST_CASE("generator.deterministic_pinned_checksum") {
   MlaConfig other = cfg;
   other.seed = 8;
   CHECK(fnv1a(generate_case(other)) != fnv1a(a));
+}
+
+// fill_normals (long-context cases draw their cache on two threads) gives the serial loop's values
+// and leaves the generator where the serial loop does, with or without a spare normal pending.
+TEST_CASE("generator.rng.split_draws_match_serial") {
+  for (int pending : {0, 1})
+    for (int64_t n : {0, 1, 2, 3, 7, 1000, 1001})
+      for (int threads : {1, 2, 3, 4}) {
+        CAPTURE(pending);
+        CAPTURE(n);
+        CAPTURE(threads);
+        Rng serial(99);
+        for (int i = 0; i < pending; ++i) serial.normal();
+        Rng split = serial;
+        std::vector<double> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0);
+        for (double& v : want) v = 0.5 * serial.normal();
+        fill_normals(got.data(), n, split, 0.5, threads);
+        CHECK(got == want);
+        for (int i = 0; i < 3; ++i) CHECK(split.normal() == serial.normal());
+      }
 }
 
 TEST_CASE("generator.values_are_stored_dtype_and_cache_padding_is_nan") {

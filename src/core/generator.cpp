@@ -45,8 +45,10 @@ Draw draw_for(const std::string& scenario) {
 }
 
 // Draws stay in double until every scenario transform is applied; round_once then stores them.
+// Large tensors (the cache at long context) are drawn on two threads: the same values.
 void fill(Tensor& t, Rng& rng, double scale) {
-  for (double& v : t.data) v = scale * rng.normal();
+  const int threads = t.numel() >= (int64_t(1) << 22) ? 2 : 1;
+  fill_normals(t.data.data(), t.numel(), rng, scale, threads);
 }
 
 void fill_gain(Tensor& t, Rng& rng, double mean) {
