@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "core/rng.hpp"
 #include "core/rope.hpp"
@@ -45,9 +46,11 @@ Draw draw_for(const std::string& scenario) {
 }
 
 // Draws stay in double until every scenario transform is applied; round_once then stores them.
-// Large tensors (the cache at long context) are drawn on two threads: the same values.
+// Large tensors (the cache at long context) are drawn and rounded on two threads: the same values.
+constexpr int64_t kTwoThreads = int64_t(1) << 22;
+
 void fill(Tensor& t, Rng& rng, double scale) {
-  const int threads = t.numel() >= (int64_t(1) << 22) ? 2 : 1;
+  const int threads = t.numel() >= kTwoThreads ? 2 : 1;
   fill_normals(t.data.data(), t.numel(), rng, scale, threads);
 }
 
@@ -56,7 +59,14 @@ void fill_gain(Tensor& t, Rng& rng, double mean) {
 }
 
 void round_once(Tensor& t) {
-  for (double& v : t.data) v = round_to(t.dtype, v);
+  auto round_range = [&t](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) t[i] = round_to(t.dtype, t[i]);
+  };
+  const int64_t n = t.numel();
+  if (n < kTwoThreads) return round_range(0, n);
+  std::thread second(round_range, n / 2, n);  // values are rounded independently
+  round_range(0, n / 2);
+  second.join();
 }
 
 }  // namespace
