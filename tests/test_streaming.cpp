@@ -73,8 +73,8 @@ TEST_CASE("reference.streaming.long_cases_stream") {
 }
 
 // A block that cannot be formed (a latent value outside exact_matmul's range, X.1) fails the run
-// with the product's own error, whether the run forms that block itself or a helper thread formed
-// it ahead; nothing hangs waiting for it.
+// with the product's own error, whether the run forms that block itself, a helper thread formed
+// it ahead, or the paired runs' share tasks did; nothing hangs waiting for it.
 TEST_CASE("reference.streaming.unformable_block_fails_the_run") {
   for (int64_t bad_token : {5, 70, 140}) {  // the first block, a prefetched one, the last one
     CAPTURE(bad_token);
@@ -84,6 +84,12 @@ TEST_CASE("reference.streaming.unformable_block_fails_the_run") {
     ref::PrecisionScope scope(113);
     CHECK_THROWS_AS(ref::ref_explicit(k, blocks, false), std::domain_error);
     CHECK_THROWS_AS(ref::ref_absorbed(k, blocks), std::domain_error);
+    // the paired runs form blocks ahead in their share tasks (S.4), on 1 and 2 threads
+    for (int threads : {1, 2}) {
+      const ref::Dots paired(k, {64, 4});
+      CHECK_THROWS_AS(ref::ref_explicit_pair(k, paired, false, 113, 177, threads),
+                      std::domain_error);
+    }
   }
 }
 

@@ -33,8 +33,9 @@ Outputs timed(const std::function<Outputs()>& f) {
 std::vector<impl::AbsorbedSpec> specs_of(const std::vector<ImplId>& ids) {
   std::vector<impl::AbsorbedSpec> s;
   for (const ImplId& id : ids)
-    s.push_back(id.family == Family::Mutant ? impl::AbsorbedSpec{Variant::Default, mutant_of(id).p}
-                                            : impl::AbsorbedSpec{id.variant, {}});
+    s.push_back(id.family == Family::Mutant
+                    ? impl::AbsorbedSpec{Variant::Default, mutant_of(id).p, std::nullopt}
+                    : impl::AbsorbedSpec{id.variant, {}, std::nullopt});
   return s;
 }
 
