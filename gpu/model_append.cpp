@@ -8,6 +8,8 @@ namespace qkmla::gpu {
 
 namespace {
 
+constexpr int kProjectTokens = 256;  // tokens projected at a time: memory independent of T
+
 // Y[rows, cols] = X[rows, n] . W[n, cols]: each output is project()'s sum, fmaf over l in order
 // (the loops are arranged so the compiler vectorizes across outputs; the order per output is the
 // kernel's). Rows go 8 at a time so that W is read once per block.
@@ -51,14 +53,22 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
   for (int b = 0; b < d.B; ++b) {
     const int T = c.seqlens[size_t(b)];
     const float* crows = c.kv_c.data() + size_t(b) * d.t_max * d.r;
-    std::vector<float> keys(size_t(T) * kc), vals(explicit_form ? size_t(T) * vc : 0);
-    project_rows(crows, T, d.r, c.w_uk.data(), kc, keys.data());
-    if (explicit_form) project_rows(crows, T, d.r, c.w_uv.data(), vc, vals.data());
+    std::vector<float> keys, vals;  // [block, kc], [block, vc]: projected a block of tokens at a
+                                    // time (each row's sums are its own: the same values)
     for (int t = 0; t < T; ++t) {
+      const int t0 = t - t % kProjectTokens;
+      if (t == t0) {
+        const int n = std::min(kProjectTokens, T - t0);
+        keys.resize(size_t(n) * kc);
+        project_rows(crows + size_t(t0) * d.r, n, d.r, c.w_uk.data(), kc, keys.data());
+        vals.resize(explicit_form ? size_t(n) * vc : 0);
+        if (explicit_form)
+          project_rows(crows + size_t(t0) * d.r, n, d.r, c.w_uv.data(), vc, vals.data());
+      }
       const size_t bt = size_t(b) * d.t_max + size_t(t);
       const size_t slot = slot_of(mc.paging, b, t);
       const float sc = fp8 ? c.kv_c_scale[bt] : 1.0f;
-      float* key = keys.data() + size_t(t) * kc;
+      float* key = keys.data() + size_t(t - t0) * kc;
       if (fp8)
         for (int j = 0; j < kc; ++j) key[j] = key[j] * sc;  // the key of the dequantized row
       float* z = mc.rope.data() + slot * size_t(d.d_r);
@@ -71,7 +81,7 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
         if (!explicit_form) continue;
         float* kout = mc.k.data() + (slot * d.G + size_t(g)) * d.d_c;
         explicit_key_content(d, key + size_t(g) * d.d_c, c.g_k.data(), a, kout);
-        const float* v = vals.data() + size_t(t) * vc + size_t(g) * d.d_v;
+        const float* v = vals.data() + size_t(t - t0) * vc + size_t(g) * d.d_v;
         float* vout = mc.v.data() + (slot * d.G + size_t(g)) * d.d_v;
         for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
       }

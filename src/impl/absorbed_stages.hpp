@@ -28,12 +28,14 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       none ? std::vector<Acc>{} : to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
   lc.c = latent_rows<Acc>(k, b, T);
-  std::vector<Acc> keys;  // [T, G*d_c]: used for their statistics, then discarded
-  if (!none) {
-    keys.resize(size_t(T * G * dc));
-    rows_mat(lc.c.data(), T, r, wk.data(), G * dc, G * dc, keys.data());
-  }
+  std::vector<Acc> keys;  // [block, G*d_c]: a block of tokens' keys, used for their statistics
   for (int64_t t = 0; t < T; ++t) {
+    const int64_t t0 = t - t % kProjectTokens;  // the block of t, projected as t enters it
+    if (!none && t == t0) {
+      const int64_t n = std::min(kProjectTokens, T - t0);
+      keys.resize(size_t(n * G * dc));
+      rows_mat(lc.c.data() + t0 * r, n, r, wk.data(), G * dc, G * dc, keys.data());
+    }
     std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
                        kpe.data.begin() + kpe.index({b, t, 0}) + dr);
     if (none) {  // plain MLA: the rotated raw rope key, alpha_k = 1
@@ -43,7 +45,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       if (unified && !ntr) rotate(z.data(), k, t);
       const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
       for (int g = 0; g < G; ++g) {
-        const Acc* kg = &keys[size_t(t * G * dc + g * dc)];
+        const Acc* kg = &keys[size_t((t - t0) * G * dc + g * dc)];
         Acc ss = dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
         int n = dc;
         if (p.key_stat_from_latent) ss = sum_sq(lc.c.data() + t * r, r), n = r;

@@ -134,14 +134,20 @@ Outputs run(const Case& k, const Design& d) {
     const int64_t T = c.seqlens[size_t(b)];
     std::vector<ExplicitKey<Acc>> keys;                     // the full-key cache of sequence b
     const std::vector<Acc> cb = latent_rows<Acc>(k, b, T);  // [T, r]
-    std::vector<Acc> k0c(size_t(T * c.groups * dc)),
-        v(size_t(T * c.groups * dv));  // [T, G*d_c], [T, G*d_v]
-    rows_mat(cb.data(), T, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
-    rows_mat(cb.data(), T, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
-    for (int64_t t = 0; t < T; ++t) {
-      keys.push_back(
-          key(k, b, t, &k0c[size_t(t * c.groups * dc)], &v[size_t(t * c.groups * dv)], eps, d));
-      for (int g = 0; g < c.groups; ++g) ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
+    std::vector<Acc> k0c, v;  // [block, G*d_c], [block, G*d_v]: a block of tokens at a time
+    for (int64_t t0 = 0; t0 < T; t0 += kProjectTokens) {
+      const int64_t n = std::min(kProjectTokens, T - t0);
+      const Acc* rows = cb.data() + t0 * c.latent_rank;
+      k0c.resize(size_t(n * c.groups * dc));
+      v.resize(size_t(n * c.groups * dv));
+      rows_mat(rows, n, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
+      rows_mat(rows, n, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
+      for (int64_t t = t0; t < t0 + n; ++t) {
+        keys.push_back(key(k, b, t, &k0c[size_t((t - t0) * c.groups * dc)],
+                           &v[size_t((t - t0) * c.groups * dv)], eps, d));
+        for (int g = 0; g < c.groups; ++g)
+          ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
+      }
     }
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {

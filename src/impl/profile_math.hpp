@@ -165,6 +165,11 @@ void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, A
       rows, cols, [&](int64_t l) { return x[l]; }, [&](int64_t l) { return W + l * ld + col0; }, y);
 }
 
+// Tokens whose keys and values the CPU implementations project at a time (rows_mat over a block of
+// the latent rows): each row's sums are its own, so blocks give the values of the whole product,
+// and the projected cache stays a block long at any context.
+constexpr int64_t kProjectTokens = 256;
+
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)), each output one sequential sum over
 // n exactly as vec_mat; rows are taken 8 at a time so that each row of W is read once per block
 // (the same results, bit for bit, with an eighth of the memory traffic).
