@@ -2,7 +2,7 @@
 # Benchmark (issue 12): the streamed reference's truth (ref.explicit at P and its check at P + 64,
 # paper-decode, batch 1, S_q 1, bf16) at 32k, 128k and 256k tokens, each with its wall time, peak
 # RSS, agreeing bits and the fraction of the machine's fp64 FMA limit it reaches, and the default
-# report's time, all in one run of one build. Writes reports/long-context.md. About 15 minutes on
+# report's time, all in one run of one build. Writes reports/long-context.md. About 4 minutes on
 # 2 cores. Usage: bash reports/long_context.sh [build dir] (CONTEXTS="32768 131072 262144")
 set -euo pipefail
 cd "$(dirname "$0")/.."
