@@ -133,21 +133,24 @@ std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, i
 }
 
 Dots::Pending::Pending(const Dots& d, const Case& k, int b, Which w, int64_t t0, int64_t t1)
-    : d_(&d), k_(&k), b_(b), w_(w), t0_(t0), t1_(t1) {
-  const SlicedWeights* s = d.shared_->sliced[int(w)].get();
-  pieces_ = s ? int(SlicedProduct::tiles_for(s->k)) : 1;
-  left_ = pieces_;
-}
+    : d_(&d),
+      k_(&k),
+      b_(b),
+      w_(w),
+      t0_(t0),
+      t1_(t1),
+      sliced_(d.shared_->sliced[int(w)].get()),
+      pieces_(sliced_ ? int(SlicedProduct::tiles_for(sliced_->k)) : 1),
+      left_(pieces_) {}
 
 void Dots::Pending::run(int piece) {
   const auto start = std::chrono::steady_clock::now();
-  const SlicedWeights* s = d_->shared_->sliced[int(w_)].get();
   bool last = false;
   try {
-    if (s) {
+    if (sliced_) {
       std::call_once(sliced_once_, [&] {
         product_ = std::make_unique<SlicedProduct>(k_->latent().ptr({b_, t0_, 0}),
-                                                   k_->cfg.latent_rank, t1_ - t0_, *s);
+                                                   k_->cfg.latent_rank, t1_ - t0_, *sliced_);
       });
       product_->tile(piece);
     } else {
@@ -155,7 +158,7 @@ void Dots::Pending::run(int piece) {
     }
     last = --left_ == 0;
     if (last && !failed_)
-      done_.set_value(s ? std::make_shared<const ExactProduct>(product_->finish()) : whole_);
+      done_.set_value(sliced_ ? std::make_shared<const ExactProduct>(product_->finish()) : whole_);
   } catch (...) {  // readers see the first error; the block stays unformed
     if (!failed_.exchange(true)) done_.set_exception(std::current_exception());
     throw;

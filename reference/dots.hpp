@@ -86,6 +86,7 @@ class Dots {
     int b_;
     Which w_;
     int64_t t0_, t1_;
+    const SlicedWeights* sliced_;  // null: extraction, one piece
     int pieces_;
     std::once_flag sliced_once_;
     std::unique_ptr<SlicedProduct> product_;  // sliced: made by the first part to run
