@@ -63,7 +63,6 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
   const int T = c.seqlens[size_t(b)], R = d.S_q * d.H, pages = pages_for(T);
   const int p0 = s * plan.pages_per_split, p1 = std::min(p0 + plan.pages_per_split, pages);
   const int* rows = rb.rows.data() + size_t(blk) * kRowsPerBlock;
-  const int kg = rb.group[size_t(blk)];
   RowState st[kRowsPerBlock];
   std::vector<float> acc(size_t(kRowsPerBlock) * mc.n_v, 0.0f);
   float logits[kRowsPerBlock][kPage], p[kRowsPerBlock][kPage], alpha[kRowsPerBlock];
@@ -73,7 +72,7 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
     const int t0 = page * kPage, n = std::min(kPage, T - t0);
     for (int tt = 0; tt < n; ++tt) {
       const size_t slot = size_t(phys) * kPage + size_t(tt);
-      const float* key = mc.key(slot, kg);
+      const float* key = mc.key(slot);
       const float* kr = mc.rope.data() + slot * size_t(d.d_r);
       for (int k = 0; k < kRowsPerBlock; ++k) {
         if (rows[k] < 0) continue;
@@ -111,7 +110,7 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
         float& a = acc[size_t(k) * mc.n_v + size_t(j)];
         a = accumulate_tile(
             a, alpha[k], p[k],
-            [&](int tt) { return mc.value(size_t(phys) * kPage + size_t(tt), kg)[j]; }, n);
+            [&](int tt) { return mc.value(size_t(phys) * kPage + size_t(tt))[j]; }, n);
       }
     }
   }
@@ -135,28 +134,38 @@ SplitInfo split_info(const Dims& d, const std::vector<int>& seqlens, const RunOp
 GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
   const Dims& d = c.d;
   check_dims(d, o.explicit_form);
-  const ModelCache mc = model_append(c, o.explicit_form);
   const Queries q = model_queries(c, o.explicit_form);
   const RowBlocks rb = make_row_blocks(d, o.explicit_form);
   const SplitPlan plan = make_plan(c.seqlens, rb.count, o.sm_count, o.pages_per_split);
-  const int R = d.S_q * d.H;
+  const int R = d.S_q * d.H, n_v = o.explicit_form ? d.d_v : d.r;
   Partials part;
-  part.o.assign(size_t(d.B) * plan.max_splits * R * mc.n_v, 0.0f);
+  part.o.assign(size_t(d.B) * plan.max_splits * R * n_v, 0.0f);
   part.lse.assign(size_t(d.B) * plan.max_splits * R, -qk_inf());
-  for (int b = 0; b < d.B; ++b)
-    for (int s = 0; s < plan.splits(c.seqlens[size_t(b)]); ++s)
-      for (int blk = 0; blk < rb.count; ++blk)
-        model_block(c, mc, q, plan, rb, o.qk_norm && !o.explicit_form, b, s, blk, part);
+  // Absorbed: one cache for every row block. Explicit: each group's cache in turn, read by that
+  // group's row blocks (blocks write disjoint partials, so their order does not matter).
+  std::vector<float> alpha_k;  // [slots, G]
+  Paging paging;
+  for (int g = 0; g < (o.explicit_form ? d.G : 1); ++g) {
+    const ModelCache mc = model_append(c, o.explicit_form, g);
+    for (int b = 0; b < d.B; ++b)
+      for (int s = 0; s < plan.splits(c.seqlens[size_t(b)]); ++s)
+        for (int blk = 0; blk < rb.count; ++blk)
+          if (!o.explicit_form || rb.group[size_t(blk)] == g)
+            model_block(c, mc, q, plan, rb, o.qk_norm && !o.explicit_form, b, s, blk, part);
+    if (g == 0) alpha_k = mc.alpha_k, paging = mc.paging;
+    for (size_t slot = 0; o.explicit_form && slot < alpha_k.size() / size_t(d.G); ++slot)
+      alpha_k[slot * d.G + size_t(g)] = mc.alpha_k[slot * d.G + size_t(g)];
+  }
   GpuOutputs out;
   out.device = "cpu model";
   out.pages_per_split = plan.pages_per_split;
   out.max_splits = plan.max_splits;
   out.alpha_q = q.alpha_q;
-  out.alpha_k = mc.dense_alpha_k(c);
+  out.alpha_k = dense_from_paged(paging, c.seqlens, alpha_k, d.t_max, d.G);
   out.lse.resize(size_t(d.B) * R);
   out.out.resize(size_t(d.B) * R * d.d_v);
   if (!o.explicit_form) out.latent_out.resize(size_t(d.B) * R * d.r);
-  std::vector<float> lat(size_t(mc.n_v));
+  std::vector<float> lat(static_cast<size_t>(n_v));
   for (int b = 0; b < d.B; ++b)
     for (int row = 0; row < R; ++row) {  // K.7 combine, then the value up-projection
       const size_t br = size_t(b) * R + size_t(row);
@@ -164,10 +173,10 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
       const float* ls = part.lse.data() + br * plan.max_splits;
       const float lse = combine_lse(ls, ns);
       out.lse[br] = lse;
-      for (int j = 0; j < mc.n_v; ++j)
+      for (int j = 0; j < n_v; ++j)
         lat[size_t(j)] =
             round_store(d.stored, combine_element(ls, ns, lse, [&](int s) {
-                          return part.o[(br * plan.max_splits + size_t(s)) * mc.n_v + size_t(j)];
+                          return part.o[(br * plan.max_splits + size_t(s)) * n_v + size_t(j)];
                         }));
       if (o.explicit_form) {
         for (int j = 0; j < d.d_v; ++j) out.out[br * d.d_v + size_t(j)] = lat[size_t(j)];

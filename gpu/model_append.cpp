@@ -10,15 +10,15 @@ namespace {
 
 constexpr int kProjectTokens = 256;  // tokens projected at a time: memory independent of T
 
-// Y[rows, cols] = X[rows, n] . W[n, cols]: each output is project()'s sum, fmaf over l in order
-// (the loops are arranged so the compiler vectorizes across outputs; the order per output is the
-// kernel's). Rows go 8 at a time so that W is read once per block.
-void project_rows(const float* X, int rows, int n, const float* W, int cols, float* Y) {
+// Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)): each output is project()'s sum, fmaf
+// over l in order (the loops are arranged so the compiler vectorizes across outputs; the order per
+// output is the kernel's). Rows go 8 at a time so that W is read once per block.
+void project_rows(const float* X, int rows, int n, const float* W, int ld, int cols, float* Y) {
   std::fill(Y, Y + size_t(rows) * size_t(cols), 0.0f);
   for (int r0 = 0; r0 < rows; r0 += 8) {
     const int r1 = std::min(rows, r0 + 8);
     for (int l = 0; l < n; ++l) {
-      const float* w = W + size_t(l) * size_t(cols);
+      const float* w = W + size_t(l) * size_t(ld);
       for (int i = r0; i < r1; ++i) {
         const float x = X[size_t(i) * size_t(n) + size_t(l)];
         float* y = Y + size_t(i) * size_t(cols);
@@ -34,36 +34,40 @@ std::vector<float> ModelCache::dense_alpha_k(const GpuCase& c) const {
   return dense_from_paged(paging, c.seqlens, alpha_k, c.d.t_max, c.d.G);
 }
 
-ModelCache model_append(const GpuCase& c, bool explicit_form) {
+ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
   const Dims& d = c.d;
   ModelCache mc;
   mc.paging = make_paging(c.seqlens);
-  mc.groups = explicit_form ? d.G : 1;
+  mc.group = explicit_form ? group : 0;
   mc.n_k = explicit_form ? d.d_c : d.r;
   mc.n_v = explicit_form ? d.d_v : d.r;
   mc.scaled = !explicit_form && d.cache == Store::E4M3;
   const size_t slots = size_t(mc.paging.num_pages) * kPage;
-  mc.k.assign(slots * size_t(mc.groups) * size_t(mc.n_k), qk_nan());
-  if (explicit_form) mc.v.assign(slots * size_t(mc.groups) * size_t(mc.n_v), qk_nan());
+  mc.k.assign(slots * size_t(mc.n_k), qk_nan());
+  if (explicit_form) mc.v.assign(slots * size_t(mc.n_v), qk_nan());
   mc.scale.assign(mc.scaled ? slots : 0, qk_nan());
   mc.rope.assign(slots * size_t(d.d_r), qk_nan());
   mc.alpha_k.assign(slots * size_t(d.G), qk_nan());
-  const int kc = d.G * d.d_c, vc = d.G * d.d_v, half = d.d_r / 2;
+  // Projected key columns: every group's (absorbed: all alpha_k) or the group's (explicit).
+  const int kc = explicit_form ? d.d_c : d.G * d.d_c, half = d.d_r / 2;
+  const int g0 = explicit_form ? group : 0, g1 = explicit_form ? group + 1 : d.G;
+  const float* wk = c.w_uk.data() + size_t(g0) * d.d_c;
+  const float* wv = c.w_uv.data() + size_t(g0) * d.d_v;
   const bool fp8 = d.cache == Store::E4M3;
   for (int b = 0; b < d.B; ++b) {
     const int T = c.seqlens[size_t(b)];
     const float* crows = c.kv_c.data() + size_t(b) * d.t_max * d.r;
-    std::vector<float> keys, vals;  // [block, kc], [block, vc]: projected a block of tokens at a
-                                    // time (each row's sums are its own: the same values)
+    std::vector<float> keys, vals;  // [block, kc], [block, d_v]: projected a block of tokens at a
+                                    // time (each output's sum is its own: the same values)
     for (int t = 0; t < T; ++t) {
       const int t0 = t - t % kProjectTokens;
       if (t == t0) {
         const int n = std::min(kProjectTokens, T - t0);
         keys.resize(size_t(n) * kc);
-        project_rows(crows + size_t(t0) * d.r, n, d.r, c.w_uk.data(), kc, keys.data());
-        vals.resize(explicit_form ? size_t(n) * vc : 0);
+        project_rows(crows + size_t(t0) * d.r, n, d.r, wk, d.G * d.d_c, kc, keys.data());
+        vals.resize(explicit_form ? size_t(n) * d.d_v : 0);
         if (explicit_form)
-          project_rows(crows + size_t(t0) * d.r, n, d.r, c.w_uv.data(), vc, vals.data());
+          project_rows(crows + size_t(t0) * d.r, n, d.r, wv, d.G * d.d_v, d.d_v, vals.data());
       }
       const size_t bt = size_t(b) * d.t_max + size_t(t);
       const size_t slot = slot_of(mc.paging, b, t);
@@ -75,14 +79,13 @@ ModelCache model_append(const GpuCase& c, bool explicit_form) {
       std::copy_n(c.k_pe.data() + bt * d.d_r, d.d_r, z);
       const float share = append_rope(d, z, c.g_rk.data(), c.rope_cos.data() + size_t(t) * half,
                                       c.rope_sin.data() + size_t(t) * half);
-      for (int g = 0; g < d.G; ++g) {
-        const float a = append_alpha_k(d, key + size_t(g) * d.d_c, share);
+      for (int g = g0; g < g1; ++g) {
+        const float a = append_alpha_k(d, key + size_t(g - g0) * d.d_c, share);
         mc.alpha_k[slot * d.G + size_t(g)] = a;
         if (!explicit_form) continue;
-        float* kout = mc.k.data() + (slot * d.G + size_t(g)) * d.d_c;
-        explicit_key_content(d, key + size_t(g) * d.d_c, c.g_k.data(), a, kout);
-        const float* v = vals.data() + size_t(t - t0) * vc + size_t(g) * d.d_v;
-        float* vout = mc.v.data() + (slot * d.G + size_t(g)) * d.d_v;
+        explicit_key_content(d, key, c.g_k.data(), a, mc.k.data() + slot * d.d_c);
+        const float* v = vals.data() + size_t(t - t0) * d.d_v;
+        float* vout = mc.v.data() + slot * d.d_v;
         for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
       }
       if (!explicit_form) {

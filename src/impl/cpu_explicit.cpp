@@ -1,6 +1,7 @@
-// cpu.explicit.<profile>: SPEC §1.1 with full key caching. Rounding points (SPEC §3): k0c and v
-// accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the stored dtype D; logits,
-// softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q, alpha_k kept in Acc.
+// cpu.explicit.<profile>: SPEC §1.1 with full key caching (one key group at a time). Rounding
+// points (SPEC §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the
+// stored dtype D; logits, softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q,
+// alpha_k kept in Acc.
 #include <chrono>
 
 #include "bounds/error_bound.hpp"
@@ -55,65 +56,90 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
   return q;
 }
 
-// Everything an explicit attention kernel reads for one cached token.
+// The key gains, converted once.
 template <class Acc>
-struct ExplicitKey {
-  std::vector<Acc> kc, kr, v;  // kc^ [G, d_c]; kr^ [1 or G, d_r]; v [G, d_v]; all rounded to D
-  std::vector<Acc> alpha_k;    // [G]
+struct KeyGains {
+  std::vector<Acc> ck, rk,
+      k;  // blockwise gamma_ck [d_c], gamma_rk [d_r]; unified gamma_k [d_c+d_r]
+  explicit KeyGains(const Case& k_) {
+    if (k_.cfg.norm == NormMode::Blockwise)
+      ck = to_acc<Acc>(k_.get("gamma_ck")), rk = to_acc<Acc>(k_.get("gamma_rk"));
+    if (k_.cfg.norm == NormMode::Unified) k = to_acc<Acc>(k_.get("gamma_k"));
+  }
 };
 
+// Everything an explicit attention kernel reads of one key group over one sequence. The groups
+// are cached one at a time (each query row reads its own group only), so that the full-key cache
+// takes 1/G of the memory of all groups' at once, and every value is the same.
 template <class Acc>
-ExplicitKey<Acc> key(const Case& k, int b, int64_t t, const Acc* k0c, const Acc* v, Acc eps,
-                     const Design& d) {
+struct GroupCache {
+  std::vector<Acc> kc, kr, v;  // kc^ [T, d_c]; kr^ [T, d_r]; v [T, d_v]; all rounded to D
+  std::vector<Acc> alpha_k;    // [T]
+};
+
+// E.2-E.4 for token t of one group: kc [d_c] holds k0c on entry and kc^ on return, kr [d_r]
+// receives kr^ (both rounded to D); returns alpha_k (stored as the design keeps it).
+template <class Acc>
+Acc group_key(const Case& k, int b, int64_t t, const KeyGains<Acc>& gains, Acc eps, const Design& d,
+              Acc* kc, Acc* kr) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
   const Tensor& kpe = k.get("k_pe");
-  const int G = c.groups, dc = c.d_c, dr = c.d_r;
+  const int dc = c.d_c, dr = c.d_r;
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
-  std::vector<Acc> zk(kpe.data.begin() + kpe.index({b, t, 0}),
-                      kpe.data.begin() + kpe.index({b, t, 0}) + dr);
-  ExplicitKey<Acc> e;
-  e.kc.assign(k0c, k0c + G * dc);  // E.1: k0c [G*d_c], accumulated in Acc over r
-  e.v.assign(v, v + G * c.d_v);
+  const double* zk = kpe.ptr({b, t, 0});  // [d_r] the raw rope key
+  std::copy(zk, zk + dr, kr);
+  Acc alpha_k = 1;
   if (c.norm == NormMode::None) {
-    e.alpha_k.assign(size_t(G), Acc(1));
-    e.kr = zk;
-    rotate(e.kr.data(), k, t);
+    rotate(kr, k, t);
   } else if (c.norm == NormMode::Blockwise) {
-    const std::vector<Acc> gck = to_acc<Acc>(k.get("gamma_ck"));
-    for (int g = 0; g < G; ++g) {
-      Acc* kg = e.kc.data() + g * dc;
-      e.alpha_k.push_back(inv_rms_from(sum_sq(kg, dc), dc, eps));
-      scale_gain(kg, dc, gck.data(), e.alpha_k.back());
-    }
-    e.kr = zk;
-    blockwise_rope(e.kr.data(), to_acc<Acc>(k.get("gamma_rk")).data(), t, k, eps);
+    alpha_k = inv_rms_from(sum_sq(kc, dc), dc, eps);
+    scale_gain(kc, dc, gains.ck.data(), alpha_k);
+    blockwise_rope(kr, gains.rk.data(), t, k, eps);
   } else {
-    const std::vector<Acc> gk = to_acc<Acc>(k.get("gamma_k"));
-    std::vector<Acc> zrot = zk;
-    rotate(zrot.data(), k, t);
-    for (int g = 0; g < G; ++g) {
-      Acc* kg = e.kc.data() + g * dc;
-      const Acc inv = unified_inv(kg, ntr ? zk.data() : zrot.data(), k, eps);
-      e.alpha_k.push_back(inv);
-      scale_gain(kg, dc, gk.data(), inv);
-      std::vector<Acc> kr = ntr ? zk : zrot;
-      if (d.rope_key == A) {
-        scale_gain(kr.data(), dr, gk.data() + dc, inv);
-        if (ntr) rotate(kr.data(), k, t);
-      } else {  // the cached rotated, gain-applied key, stored before alpha_k scales it
-        scale_gain(kr.data(), dr, gk.data() + dc, Acc(1));
-        if (ntr) rotate(kr.data(), k, t);
-        for (Acc& x : kr) x = store(d.rope_key, x) * inv;
-      }
-      e.kr.insert(e.kr.end(), kr.begin(), kr.end());
+    const std::vector<Acc> z(zk, zk + dr);  // [d_r]
+    if (!ntr) rotate(kr, k, t);             // kr: the rotated key (rope first), else the raw one
+    alpha_k = unified_inv(kc, ntr ? z.data() : kr, k, eps);
+    scale_gain(kc, dc, gains.k.data(), alpha_k);
+    if (d.rope_key == A) {
+      scale_gain(kr, dr, gains.k.data() + dc, alpha_k);
+      if (ntr) rotate(kr, k, t);
+    } else {  // the cached rotated, gain-applied key, stored before alpha_k scales it
+      scale_gain(kr, dr, gains.k.data() + dc, Acc(1));
+      if (ntr) rotate(kr, k, t);
+      for (int j = 0; j < dr; ++j) kr[j] = store(d.rope_key, kr[j]) * alpha_k;
     }
   }
-  for (Acc& x : e.kc) x = round_point(d.kv, A, x);
-  for (Acc& x : e.kr) x = round_point(d.rope, A, x);
+  for (int j = 0; j < dc; ++j) kc[j] = round_point(d.kv, A, kc[j]);
+  for (int j = 0; j < dr; ++j) kr[j] = round_point(d.rope, A, kr[j]);
+  return d.alpha_k != A ? store(d.alpha_k, alpha_k) : alpha_k;
+}
+
+// E.1-E.4 for group g of sequence b: its keys and values, projected a block of tokens at a time.
+template <class Acc>
+GroupCache<Acc> group_cache(const Case& k, int b, int g, const std::vector<Acc>& wk,
+                            const std::vector<Acc>& wv, const KeyGains<Acc>& gains, Acc eps,
+                            const Design& d) {
+  const MlaConfig& c = k.cfg;
+  const DType A = accumulate_dtype(c.profile);
+  const int64_t T = c.seqlens[size_t(b)];
+  const int G = c.groups, dc = c.d_c, dr = c.d_r, dv = c.d_v, r = c.latent_rank;
+  GroupCache<Acc> e;
+  e.kc.resize(size_t(T * dc));
+  e.kr.resize(size_t(T * dr));
+  e.v.resize(size_t(T * dv));
+  e.alpha_k.resize(size_t(T));
+  for (int64_t t0 = 0; t0 < T; t0 += kProjectTokens) {
+    const int64_t n = std::min(kProjectTokens, T - t0);
+    const std::vector<Acc> rows = latent_rows<Acc>(k, b, t0, n);  // [n, r]
+    // E.1: k0c and v of group g, accumulated in Acc over r (each output's sum is its own).
+    rows_mat(rows.data(), n, r, wk.data() + g * dc, G * dc, dc, &e.kc[size_t(t0 * dc)]);
+    rows_mat(rows.data(), n, r, wv.data() + g * dv, G * dv, dv, &e.v[size_t(t0 * dv)]);
+    for (int64_t t = t0; t < t0 + n; ++t)
+      e.alpha_k[size_t(t)] =
+          group_key(k, b, t, gains, eps, d, &e.kc[size_t(t * dc)], &e.kr[size_t(t * dr)]);
+  }
   for (Acc& x : e.v) x = round_point(d.kv, A, x);
-  if (d.alpha_k != A)
-    for (Acc& x : e.alpha_k) x = store(d.alpha_k, x);
   return e;
 }
 
@@ -123,6 +149,7 @@ Outputs run(const Case& k, const Design& d) {
   const DType A = accumulate_dtype(c.profile);
   const Acc eps = constant<Acc>(c.eps), scale = constant<Acc>(c.softmax_scale);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
+  const KeyGains<Acc> gains(k);
   const bool stats = c.norm != NormMode::None;
   Outputs o;
   Tensor& out = o.tensors["out"] = make_output(k, "out", d.out, 0.0);
@@ -132,45 +159,30 @@ Outputs run(const Case& k, const Design& d) {
   const int H = c.heads, S = c.s_q, dc = c.d_c, dr = c.d_r, dv = c.d_v;
   for (int b = 0; b < c.batch; ++b) {
     const int64_t T = c.seqlens[size_t(b)];
-    std::vector<ExplicitKey<Acc>> keys;                     // the full-key cache of sequence b
-    const std::vector<Acc> cb = latent_rows<Acc>(k, b, T);  // [T, r]
-    std::vector<Acc> k0c, v;  // [block, G*d_c], [block, G*d_v]: a block of tokens at a time
-    for (int64_t t0 = 0; t0 < T; t0 += kProjectTokens) {
-      const int64_t n = std::min(kProjectTokens, T - t0);
-      const Acc* rows = cb.data() + t0 * c.latent_rank;
-      k0c.resize(size_t(n * c.groups * dc));
-      v.resize(size_t(n * c.groups * dv));
-      rows_mat(rows, n, c.latent_rank, wk.data(), c.groups * dc, c.groups * dc, k0c.data());
-      rows_mat(rows, n, c.latent_rank, wv.data(), c.groups * dv, c.groups * dv, v.data());
-      for (int64_t t = t0; t < t0 + n; ++t) {
-        keys.push_back(key(k, b, t, &k0c[size_t((t - t0) * c.groups * dc)],
-                           &v[size_t((t - t0) * c.groups * dv)], eps, d));
-        for (int g = 0; g < c.groups; ++g)
-          ak.at({b, t, g}) = double(keys.back().alpha_k[size_t(g)]);
-      }
+    for (int g = 0; g < c.groups; ++g) {
+      const GroupCache<Acc> e = group_cache(k, b, g, wk, wv, gains, eps, d);
+      for (int64_t t = 0; t < T; ++t) ak.at({b, t, g}) = double(e.alpha_k[size_t(t)]);
+      for (int i = 0; i < S; ++i)
+        for (int h = 0; h < H; ++h) {
+          if (c.group_of(h) != g) continue;
+          const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d);
+          aq.at({b, i, h}) = double(q.alpha_q);
+          std::vector<int64_t> tokens;
+          for (int64_t t = 0; t < T; ++t)
+            if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
+          auto logit = [&](int64_t t) {  // E.5
+            return plain_logit(scale, dot(q.qc.data(), &e.kc[size_t(t * dc)], dc),
+                               dot(q.qr.data(), &e.kr[size_t(t * dr)], dr));
+          };
+          auto value = [&](int64_t t) { return &e.v[size_t(t * dv)]; };
+          std::vector<Acc> acc;
+          lse.at({b, i, h}) =
+              double(attend_row(tokens, logit, value, dv, acc,
+                                d.p == A ? std::nullopt : std::optional<DType>(d.p)));  // E.6-E.7
+          for (int j = 0; j < dv; ++j)
+            out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
+        }
     }
-    for (int i = 0; i < S; ++i)
-      for (int h = 0; h < H; ++h) {
-        const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d);
-        aq.at({b, i, h}) = double(q.alpha_q);
-        const int g = c.group_of(h);
-        std::vector<int64_t> tokens;
-        for (int64_t t = 0; t < T; ++t)
-          if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
-        auto logit = [&](int64_t t) {  // E.5
-          const ExplicitKey<Acc>& e = keys[size_t(t)];
-          const Acc* kr = e.kr.data() + (e.kr.size() == size_t(dr) ? 0 : g * dr);
-          return plain_logit(scale, dot(q.qc.data(), e.kc.data() + g * dc, dc),
-                             dot(q.qr.data(), kr, dr));
-        };
-        auto value = [&](int64_t t) { return keys[size_t(t)].v.data() + g * dv; };
-        std::vector<Acc> acc;
-        lse.at({b, i, h}) =
-            double(attend_row(tokens, logit, value, dv, acc,
-                              d.p == A ? std::nullopt : std::optional<DType>(d.p)));  // E.6-E.7
-        for (int j = 0; j < dv; ++j)
-          out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
-      }
   }
   if (stats) {
     o.tensors["alpha_q"] = std::move(aq);

@@ -27,21 +27,29 @@ std::vector<Acc> to_acc(const Tensor& t) {
   return std::vector<Acc>(t.data.begin(), t.data.end());  // exact: stored dtype is within Acc
 }
 
-// The latent cache rows [T, r] of sequence b as an implementation reads them: the stored values,
-// or in the fp8 profile code x scale computed in Acc (fp32: one rounding of the exact product; the
-// error-bound type accounts for it; fp64: exact).
+// The latent cache rows [t0, t0 + n) of sequence b as an implementation reads them ([n, r]): the
+// stored values, or in the fp8 profile code x scale computed in Acc (fp32: one rounding of the
+// exact product; the error-bound type accounts for it; fp64: exact). Each row is its own.
 template <class Acc>
-std::vector<Acc> latent_rows(const Case& k, int b, int64_t T) {
+std::vector<Acc> latent_rows(const Case& k, int b, int64_t t0, int64_t n) {
   const Tensor& kv = k.get("kv_c");
-  const int64_t r = kv.shape[2], base = kv.index({b, 0, 0});
-  std::vector<Acc> out(static_cast<size_t>(T * r));
+  const int64_t r = kv.shape[2], base = kv.index({b, t0, 0});
+  std::vector<Acc> out(static_cast<size_t>(n * r));
   const Tensor* scale = k.has("kv_c_scale") ? &k.get("kv_c_scale") : nullptr;
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = 0; t < n; ++t) {
+    const Acc s = scale ? Acc(scale->at({b, t0 + t})) : Acc(1);
     for (int64_t l = 0; l < r; ++l) {
       const double code = kv[base + t * r + l];
-      out[size_t(t * r + l)] = scale ? Acc(code) * Acc(scale->at({b, t})) : Acc(code);
+      out[size_t(t * r + l)] = scale ? Acc(code) * s : Acc(code);
     }
+  }
   return out;
+}
+
+// All T rows of sequence b: [T, r].
+template <class Acc>
+std::vector<Acc> latent_rows(const Case& k, int b, int64_t T) {
+  return latent_rows<Acc>(k, b, 0, T);
 }
 
 // Round an accumulated value to the stored dtype (RNE, once, from the Acc value).
