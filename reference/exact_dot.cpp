@@ -79,20 +79,29 @@ struct Expanded {
   std::vector<double> a, b;
 };
 
-Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double* B, int64_t ldb,
-                int64_t k) {
-  bool all_narrow = true;
-  for (int64_t i = 0; i < m && all_narrow; ++i)
-    for (int64_t l = 0; l < n; ++l) all_narrow &= narrow(A[i * lda + l]);
-  for (int64_t l = 0; l < n && all_narrow; ++l)
-    for (int64_t j = 0; j < k; ++j) all_narrow &= narrow(B[l * ldb + j]);
+bool all_narrow(const double* p, int64_t rows, int64_t stride, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      if (!narrow(p[i * stride + j])) return false;
+  return true;
+}
+
+// Veltkamp halves per operand: 2 where some operand is wide and products have no fma.
+int parts_of(bool every_narrow) {
 #ifdef __FMA__
-  const int parts = 1;  // wide products are made exact by fma instead (two_prod in the kernel)
+  (void)every_narrow;
+  return 1;  // wide products are made exact by fma instead (two_prod in the kernel)
 #else
-  const int parts = all_narrow ? 1 : 2;
+  return every_narrow ? 1 : 2;
 #endif
+}
+
+// `every_narrow`: whether every operand of the product (or of the whole product) is narrow.
+Expanded expand(const double* A, int64_t lda, int64_t m, int64_t n, const double* B, int64_t ldb,
+                int64_t k, bool every_narrow) {
+  const int parts = parts_of(every_narrow);
   Expanded e;
-  e.two_prod = !all_narrow && parts == 1;
+  e.two_prod = !every_narrow && parts == 1;
   e.n2 = n * parts * parts;
   e.a.resize(size_t(m * e.n2));
   e.kp = (k + kBlock - 1) / kBlock * kBlock;
@@ -263,11 +272,30 @@ int levels_needed(double sigma_max, double shrink, int e_low) {
 
 }  // namespace
 
+void WholeB::add(const double* p, int64_t rows, int64_t stride, int64_t cols) {
+  narrow = narrow && all_narrow(p, rows, stride, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double x = p[i * stride + j];
+      if (x == 0) continue;
+      double hi, lo;
+      split(x, hi, lo);
+      max_whole = std::max(max_whole, std::fabs(x));
+      max_split = std::max({max_split, std::fabs(hi), std::fabs(lo)});
+      low_whole = std::min(low_whole, trailing_exponent(x));
+      low_split = std::min(low_split, trailing_exponent(hi));
+      if (lo != 0) low_split = std::min(low_split, trailing_exponent(lo));
+    }
+}
+
 ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, const double* B,
-                          int64_t ldb, int64_t k) {
+                          int64_t ldb, int64_t k, const WholeB* whole) {
   check_exact_range(A, m, lda, n, "A");
   check_exact_range(B, n, ldb, k, "B");
-  const Expanded e = expand(A, lda, m, n, B, ldb, k);
+  const bool b_narrow = whole ? whole->narrow : all_narrow(B, n, ldb, k);
+  if (whole && b_narrow && !all_narrow(B, n, ldb, k))
+    throw std::logic_error("exact_matmul: B is not part of the B its summary describes");
+  const Expanded e = expand(A, lda, m, n, B, ldb, k, b_narrow && all_narrow(A, m, lda, n));
   const int64_t summands = e.two_prod ? 2 * e.n2 : e.n2;
   int M = 1;
   while ((int64_t(1) << M) <= summands) ++M;
@@ -281,8 +309,11 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
       rowmax[size_t(i)] = std::max(rowmax[size_t(i)], std::fabs(e.a[size_t(i * e.n2 + l)]));
   // X.2: levels per row, from the row's own magnitude and trailing bits (rows of very different
   // scales, such as the parts of a multiprecision value, each get what they need).
-  const double bmax = k ? *std::max_element(colmax.begin(), colmax.end()) : 0.0;
-  const int b_low = min_trailing_exponent(e.b);
+  const bool halves = e.n2 != n;  // B entered as Veltkamp halves
+  const double bmax = whole ? (halves ? whole->max_split : whole->max_whole)
+                            : (k ? *std::max_element(colmax.begin(), colmax.end()) : 0.0);
+  const int b_low =
+      whole ? (halves ? whole->low_split : whole->low_whole) : min_trailing_exponent(e.b);
   std::vector<int> levels(size_t(m), 1);
   for (int64_t i = 0; i < m; ++i) {
     const std::vector<double> row(e.a.begin() + i * e.n2, e.a.begin() + (i + 1) * e.n2);

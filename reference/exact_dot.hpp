@@ -13,6 +13,18 @@
 
 namespace qkmla::ref {
 
+// What exact_matmul reads from the whole of B to plan its extraction (X.1-X.2): whether every
+// entry is narrow (at most 24 significant bits), and the largest magnitude and lowest set bit of
+// the entries and of their Veltkamp halves. Given the summary of a wider B, a product of some of
+// its columns gives every entry the terms the wide product gives it (S.5: streamed scores).
+struct WholeB {
+  bool narrow = true;
+  double max_whole = 0, max_split = 0;
+  int low_whole = 1 << 20, low_split = 1 << 20;
+  // Adds the entries p[i*stride + j], i < rows, j < cols (any part of B, in any orientation).
+  void add(const double* p, int64_t rows, int64_t stride, int64_t cols);
+};
+
 class ExactProduct {
  public:
   static constexpr int kLevels = 4;  // extraction levels kept inline; rarer entries go long
@@ -28,7 +40,7 @@ class ExactProduct {
 
  private:
   friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*, int64_t,
-                                   int64_t);
+                                   int64_t, const WholeB*);
   std::vector<double> terms_;  // [rows, cols, kLevels]
   std::unordered_map<int64_t, std::vector<double>> long_terms_;
 };
@@ -44,8 +56,8 @@ int top_exponent(double x);
 
 // C[i, j] = sum_l A[i*lda + l] * B[l*ldb + j], i < m, l < n, j < k. All inputs finite and either
 // zero or of magnitude in [2^-400, 2^400] (checked: throws std::domain_error), so that no split
-// product underflows.
+// product underflows. `whole`: the summary of a B these k columns are part of (null: this B).
 ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, const double* B,
-                          int64_t ldb, int64_t k);
+                          int64_t ldb, int64_t k, const WholeB* whole = nullptr);
 
 }  // namespace qkmla::ref

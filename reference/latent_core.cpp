@@ -1,7 +1,6 @@
 #include "reference/latent_core.hpp"
 
 #include <algorithm>
-#include <functional>
 
 #include "core/attention_math.hpp"
 #include "core/parallel.hpp"
@@ -9,58 +8,121 @@
 
 namespace qkmla::ref {
 
-MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q,
-                                const MpLatentCache& cache, const Perturbation& p, int threads) {
+namespace {
+
+// Tokens per exact latent-score product: memory only (S.5: every score has the same bits as in
+// the product over the whole context).
+constexpr int64_t kScoreTokens = 256;
+
+// One thread's contiguous chunk of the sequence's tokens.
+struct Chunk {
+  int64_t t0 = 0, t1 = 0;
+  PackedMpVec alpha_k;              // [(t1 - t0) * G]
+  std::vector<PackedMpVec> rope;    // [rows][t1 - t0]: q.rope[row] . rope key of t
+  std::vector<PackedMpVec> logits;  // [rows][visible tokens of the chunk], in token order
+};
+
+void each_chunk(std::vector<Chunk>& chunks, const std::function<void(Chunk&)>& f) {
+  std::vector<std::function<void()>> tasks;
+  for (Chunk& ch : chunks) tasks.push_back([&f, &ch] { f(ch); });
+  run_parallel(tasks, int(tasks.size()));
+}
+
+}  // namespace
+
+MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, const CacheRows& cache,
+                                const Perturbation& p, int threads) {
   const MlaConfig& c = k.cfg;
   const int64_t T = c.seqlens[size_t(b)];
-  const int r = c.latent_rank;
+  const int r = c.latent_rank, G = c.groups;
   const bool unified = c.norm == NormMode::Unified;
   const Tensor& kv = k.latent();
+  const double* rows_c = T > 0 ? kv.ptr({b, 0, 0}) : nullptr;  // c [T, r]
   const Mp scale = hook::softmax_scale(p, c);
   const size_t rows = q.q_latent.size();
-  // A.4: q_latent . c[t] for every row and token, exact sums (X.4) of the P-bit q_latent.
-  std::vector<double> c_t(size_t(r * T));  // c^T [r, T]
-  for (int64_t t = 0; t < T; ++t)
-    for (int l = 0; l < r; ++l) c_t[size_t(l * T + t)] = kv.at({b, t, l});
-  const std::vector<MpVec> latent = mp_times_doubles(q.q_latent, r, c_t.data(), T, T);  // [rows][T]
+  const int n = int(std::clamp<int64_t>(threads, 1, std::max<int64_t>(T, 1)));
+  std::vector<Chunk> chunks(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s)
+    chunks[size_t(s)].t0 = T * s / n, chunks[size_t(s)].t1 = T * (s + 1) / n;
+  // A.3 as the cache supplies it: alpha_k of every token, its rope score for every row.
+  each_chunk(chunks, [&](Chunk& ch) {
+    const CacheRow row_of = cache(ch.t0);
+    ch.rope.resize(rows);
+    MpVec rope, ak;
+    for (int64_t t = ch.t0; t < ch.t1; ++t) {
+      row_of(t, rope, ak);
+      for (const Mp& a : ak) ch.alpha_k.push_back(a);
+      for (size_t row = 0; row < rows; ++row) ch.rope[row].push_back(dot(q.rope[row], rope));
+    }
+  });
+  auto alpha_k = [&](int64_t t, int g, Mp& out) {
+    const auto ch = std::upper_bound(chunks.begin(), chunks.end(), t,
+                                     [](int64_t u, const Chunk& x) { return u < x.t0; }) -
+                    1;
+    ch->alpha_k.get(size_t((t - ch->t0) * G + g), out);
+  };
+  // A.4: q_latent . c[t], exact sums (X.4) of the P-bit q_latent, a block of tokens at a time with
+  // the extraction plan of the whole c^T [r, T] (S.5), then the logits of the visible tokens.
+  WholeB whole;
+  whole.add(rows_c, T, r, r);  // the entries of c^T
+  each_chunk(chunks, [&](Chunk& ch) {
+    ch.logits.resize(rows);
+    std::vector<double> c_t;  // c^T of the block [r, nb]
+    Mp a, s, rope;
+    for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += kScoreTokens) {
+      const int64_t nb = std::min(kScoreTokens, ch.t1 - t0);
+      c_t.resize(size_t(r * nb));
+      for (int64_t t = 0; t < nb; ++t)
+        for (int l = 0; l < r; ++l) c_t[size_t(l * nb + t)] = rows_c[(t0 + t) * r + l];
+      const std::vector<MpVec> latent = mp_times_doubles(q.q_latent, r, c_t.data(), nb, nb, &whole);
+      for (size_t row = 0; row < rows; ++row) {
+        const int i = int(row) / c.heads, g = hook::group_of(p, c, int(row) % c.heads);
+        for (int64_t t = t0; t < t0 + nb; ++t) {
+          if (!hook::visible(p, c, T, i, t)) continue;
+          alpha_k(hook::alpha_k_token(p, t), g, a);
+          s = q.row_scale[row] * a;
+          ch.rope[row].get(size_t(t - ch.t0), rope);
+          ch.logits[row].push_back(
+              latent_logit(unified, scale, s, latent[row][size_t(t - t0)], rope));
+        }
+      }
+    }
+    ch.rope.clear();
+  });
   MpLatentResult res;
   res.lse.resize(rows);
   res.latent_out.assign(rows, MpVec(size_t(r), Mp(0)));
-  // Rows are independent: `threads` tasks take a range of rows each (the same bits for any count).
+  // E.6 and A.5 (p spans many binades: plain multiprecision sums, token by token). Rows are
+  // independent: `threads` tasks take a range of rows each.
   auto attend_rows = [&](size_t row0, size_t row1) {
-    std::vector<MpVec> probs(row1 - row0, MpVec(size_t(T), Mp(0)));  // [rows][T], 0 where masked
     for (size_t row = row0; row < row1; ++row) {
-      const int i = int(row) / c.heads, g = hook::group_of(p, c, int(row) % c.heads);
-      MpVec logits;
-      std::vector<int64_t> tokens;
-      for (int64_t t = 0; t < T; ++t) {
-        if (!hook::visible(p, c, T, i, t)) continue;
-        const Mp s = q.row_scale[row] * cache.alpha_k[size_t(hook::alpha_k_token(p, t))][size_t(g)];
-        logits.push_back(latent_logit(unified, scale, s, latent[row][size_t(t)],
-                                      dot(q.rope[row], cache.rope[size_t(t)])));
-        tokens.push_back(t);
-      }
-      MpVec pr;
-      softmax(logits, res.lse[row], pr);  // E.6
-      for (size_t n = 0; n < tokens.size(); ++n) probs[row - row0][size_t(tokens[n])] = pr[n];
+      std::vector<std::pair<const PackedMpVec*, size_t>> at;  // visible index -> (chunk, index)
+      for (const Chunk& ch : chunks)
+        for (size_t j = 0; j < ch.logits[row].size(); ++j) at.emplace_back(&ch.logits[row], j);
+      res.lse[row] =
+          softmax_lse(at.size(), [&](size_t j, Mp& out) { at[j].first->get(at[j].second, out); });
     }
-    // A.5: latent_out = sum_t p c[t] (p spans many binades: plain multiprecision sums).
     MpVec ct(static_cast<size_t>(r));
-    Mp tmp;
-    for (int64_t t = 0; t < T; ++t) {
-      for (int l = 0; l < r; ++l) ct[size_t(l)] = kv.at({b, t, l});
-      for (size_t row = row0; row < row1; ++row) {
-        if (!hook::visible(p, c, T, int(row) / c.heads, t)) continue;
-        for (int l = 0; l < r; ++l)
-          mac(res.latent_out[row][size_t(l)], probs[row - row0][size_t(t)], ct[size_t(l)], tmp);
+    std::vector<size_t> next(row1 - row0, 0);  // the next logit of each row in its chunk
+    Mp logit, pr, tmp;
+    for (const Chunk& ch : chunks) {
+      std::fill(next.begin(), next.end(), 0);
+      for (int64_t t = ch.t0; t < ch.t1; ++t) {
+        for (int l = 0; l < r; ++l) ct[size_t(l)] = rows_c[t * r + l];
+        for (size_t row = row0; row < row1; ++row) {
+          if (!hook::visible(p, c, T, int(row) / c.heads, t)) continue;
+          ch.logits[row].get(next[row - row0]++, logit);
+          pr = exp(logit - res.lse[row]);  // E.6's p_t
+          for (int l = 0; l < r; ++l) mac(res.latent_out[row][size_t(l)], pr, ct[size_t(l)], tmp);
+        }
       }
     }
   };
-  const size_t n = std::max<size_t>(1, std::min<size_t>(size_t(std::max(threads, 1)), rows));
+  const size_t m = std::max<size_t>(1, std::min<size_t>(size_t(std::max(threads, 1)), rows));
   std::vector<std::function<void()>> tasks;
-  for (size_t s = 0; s < n; ++s)
-    tasks.push_back([&, s] { attend_rows(rows * s / n, rows * (s + 1) / n); });
-  run_parallel(tasks, int(n));
+  for (size_t s = 0; s < m; ++s)
+    tasks.push_back([&, s] { attend_rows(rows * s / m, rows * (s + 1) / m); });
+  run_parallel(tasks, int(m));
   return res;
 }
 

@@ -14,7 +14,7 @@ Mp gather(const ExactProduct& C, int64_t i, int64_t j, int parts) {
 }  // namespace
 
 std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D,
-                                    int64_t ld, int64_t cols) {
+                                    int64_t ld, int64_t cols, const WholeB* whole) {
   const int parts = parts_for(PrecisionScope::current_bits());
   const int64_t rows = int64_t(x.size());
   // Each row is scaled by a power of two (exact) so that its largest entry is near 1; entries
@@ -45,7 +45,7 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
       for (int p = 0; p < parts; ++p) X[size_t((i * parts + p) * n + l)] = tmp[size_t(p)];
     }
   }
-  const ExactProduct C = exact_matmul(X.data(), n, rows * parts, n, D, ld, cols);
+  const ExactProduct C = exact_matmul(X.data(), n, rows * parts, n, D, ld, cols, whole);
   std::vector<MpVec> y(static_cast<size_t>(rows), MpVec(static_cast<size_t>(cols)));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {

@@ -11,8 +11,9 @@ namespace qkmla::ref {
 
 // y[i][j] = sum_l x[i][l] * D[l*ld + j] for j < cols, with x [rows][n] multiprecision and D
 // doubles [n, ld] (finite, zero or of magnitude in [2^-400, 2^400]). Rows of x may be empty
-// (treated as zero).
+// (treated as zero). `whole`: the summary of a wider D these columns are part of (exact_dot.hpp),
+// so that each y[i][j] has the bits the wide product gives it (null: this D).
 std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D,
-                                    int64_t ld, int64_t cols);
+                                    int64_t ld, int64_t cols, const WholeB* whole = nullptr);
 
 }  // namespace qkmla::ref

@@ -4,6 +4,7 @@
 // through core/variant.hpp and the hooks of core/perturbation.hpp.
 #include <chrono>
 #include <limits>
+#include <memory>
 
 #include "reference/latent_core.hpp"
 #include "reference/reference.hpp"
@@ -176,7 +177,6 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
       v == Variant::GramAlphaK ? gram_matrices(k) : std::vector<ExactProduct>{};
   const Mp ln2 = log(Mp(2));
   for (int b = 0; b < c.batch; ++b) {
-    const int64_t T = c.seqlens[size_t(b)];
     MpLatentRows q;  // [S_q * H] rows
     for (int i = 0; i < c.s_q; ++i)
       for (int h = 0; h < c.heads; ++h) {
@@ -189,17 +189,17 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
         q.q_latent.push_back(std::move(ql));
         q.rope.push_back(std::move(rope));
       }
-    MpLatentCache cache;
-    Dots::Cursor k0c = d.cursor(k, b, Dots::Which::K0c);
-    for (int64_t t = 0; t < T; ++t) {
-      MpVec rope, ak;
-      cache_row(x, k0c, b, t, gram, rope, ak);
-      for (int g = 0; g < c.groups; ++g)
-        store(o, "alpha_k", o.tensors["alpha_k"].index({b, t, g}), ak[size_t(g)]);
-      cache.rope.push_back(std::move(rope));
-      cache.alpha_k.push_back(std::move(ak));
-    }
-    const MpLatentResult res = mp_latent_attend(k, b, q, cache, p, threads);  // A.4-A.5
+    // A.3, token by token on the core's threads, each chunk of tokens with its own cursor.
+    const CacheRows cache = [&](int64_t t0) -> CacheRow {
+      auto k0c = std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
+      return [&, b, k0c](int64_t t, MpVec& rope, MpVec& ak) {
+        cache_row(x, *k0c, b, t, gram, rope, ak);
+        for (int g = 0; g < c.groups; ++g)
+          store(o, "alpha_k", o.tensors.at("alpha_k").index({b, t, g}), ak[size_t(g)]);
+      };
+    };
+    const MpLatentResult res =  // A.4-A.5
+        mp_latent_attend(k, b, q, cache, p, deep_capture() ? 1 : threads);
     Mp tmp, w;
     for (size_t row = 0; row < q.q_latent.size(); ++row) {
       const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);

@@ -77,6 +77,8 @@ Mp softmax_lse(const PackedMpVec& logits) {
   return lse_of(logits.size(), [&](size_t i, Mp& out) { logits.get(i, out); });
 }
 
+Mp softmax_lse(size_t n, const std::function<void(size_t i, Mp& out)>& at) { return lse_of(n, at); }
+
 void softmax(const MpVec& logits, Mp& lse, MpVec& p) {
   p.clear();
   lse = softmax_lse(logits);

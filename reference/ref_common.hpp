@@ -1,5 +1,6 @@
 // Small multiprecision stages shared by ref.explicit and ref.absorbed.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ Mp dot(const MpVec& a, const MpVec& b);
 void softmax(const MpVec& logits, Mp& lse, MpVec& p);
 Mp softmax_lse(const MpVec& logits);        // softmax's lse alone; its p_t is exp(logit_t - lse)
 Mp softmax_lse(const PackedMpVec& logits);  // the same operations on packed logits
+// The same operations on n logits, the i-th read by at(i, out) (logits kept in pieces).
+Mp softmax_lse(size_t n, const std::function<void(size_t i, Mp& out)>& at);
 
 // Allocates the named outputs (hi and lo) with NaN fill for alpha_k, 0 otherwise.
 void init_outputs(Outputs& o, const Case& k, std::initializer_list<const char*> names);

@@ -17,7 +17,6 @@ Outputs ref_kernel(const Case& k) {
   o.impl = "ref.kernel";
   init_outputs(o, k, {"latent_out", "lse"});
   for (int b = 0; b < c.batch; ++b) {
-    const int64_t T = c.seqlens[size_t(b)];
     MpLatentRows q;  // the rows of this sequence, exact
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
@@ -25,13 +24,12 @@ Outputs ref_kernel(const Case& k) {
         q.rope.push_back(to_mp(qr.ptr({b, i, h, 0}), dr));
         q.row_scale.push_back(stats ? Mp(k.get("alpha_q").at({b, i, h})) : Mp(1));
       }
-    MpLatentCache cache;
-    for (int64_t t = 0; t < T; ++t) {
-      cache.rope.push_back(to_mp(kr.ptr({b, t, 0}), dr));
-      cache.alpha_k.push_back(
-          stats ? to_mp(&k.get("alpha_k").data[size_t(k.get("alpha_k").index({b, t, 0}))], G)
-                : MpVec(size_t(G), Mp(1)));
-    }
+    const CacheRows cache = [&](int64_t) -> CacheRow {  // the given rope keys and alpha_k
+      return [&, b](int64_t t, MpVec& rope, MpVec& alpha_k) {
+        rope = to_mp(kr.ptr({b, t, 0}), dr);
+        alpha_k = stats ? to_mp(k.get("alpha_k").ptr({b, t, 0}), G) : MpVec(size_t(G), Mp(1));
+      };
+    };
     const MpLatentResult res = mp_latent_attend(k, b, q, cache);
     for (size_t row = 0; row < q.q_latent.size(); ++row) {
       const int64_t base = int64_t(b * S * H) + int64_t(row);

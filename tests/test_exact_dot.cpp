@@ -184,3 +184,44 @@ TEST_CASE("reference.exact_dot.rejects_out_of_range") {
   std::vector<double> a = {0x1p-500, 1.0}, b = {1.0, 1.0};
   CHECK_THROWS_AS(ref::exact_matmul(a.data(), 2, 1, 2, b.data(), 1, 1), std::domain_error);
 }
+
+// S.5: a product of some columns of B, given the summary of all of B, gives every entry the
+// terms (not only the exact value) the whole product gives it; without the summary the plan, and
+// so the terms, may differ. B's columns span 2^-60..2^60, some narrow (bf16), some wide (fp64).
+TEST_CASE("reference.exact_dot.column_blocks_with_whole_summary_equal_whole") {
+  const uint64_t seed = test::seed(1301);
+  CAPTURE(seed);
+  Rng rng(seed);
+  const int64_t m = 6, n = 40, k = 29;
+  std::vector<double> a(size_t(m * n)), b(size_t(n * k));
+  for (double& x : a) x = rng.normal() * std::ldexp(1.0, int(20 * rng.uniform()) - 10);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t l = 0; l < n; ++l) {
+      const double x = rng.normal() * std::ldexp(1.0, int(j * 37 % 121) - 60);
+      b[size_t(l * k + j)] = j % 3 == 0 ? round_to(DType::BF16, x) : x;
+    }
+  const ref::ExactProduct whole = ref::exact_matmul(a.data(), n, m, n, b.data(), k, k);
+  ref::WholeB summary;
+  summary.add(b.data(), n, k, k);
+  int differ_with = 0, differ_without = 0;
+  for (int64_t j0 = 0; j0 < k; j0 += 5) {
+    const int64_t w = std::min<int64_t>(5, k - j0);
+    const ref::ExactProduct with =
+        ref::exact_matmul(a.data(), n, m, n, b.data() + j0, k, w, &summary);
+    const ref::ExactProduct without = ref::exact_matmul(a.data(), n, m, n, b.data() + j0, k, w);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < w; ++j) {
+        const auto t = whole.entry(i, j0 + j), u = with.entry(i, j), v = without.entry(i, j);
+        differ_with += !std::equal(t.begin(), t.end(), u.begin(), u.end());
+        differ_without += !std::equal(t.begin(), t.end(), v.begin(), v.end());
+      }
+  }
+  CHECK(differ_with == 0);
+  CHECK(differ_without > 0);  // the summary is what makes the blocks agree
+  // A block whose entries are not part of the summarized B is refused.
+  std::vector<double> wide = {0.1, 0.3};
+  ref::WholeB narrow_only;
+  narrow_only.add(b.data(), 1, k, 1);  // b[0]: a bf16 value
+  CHECK_THROWS_AS(ref::exact_matmul(a.data(), n, 1, 1, wide.data(), 1, 1, &narrow_only),
+                  std::logic_error);
+}

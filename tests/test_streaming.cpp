@@ -167,3 +167,29 @@ TEST_CASE("reference.streaming.sliced_and_extracted_products_agree") {
     check_identical(ref::ref_absorbed(k, sliced), ref::ref_absorbed(k, extracted));
   }
 }
+
+// S.5: ref.absorbed's latent core splits the tokens into one chunk per thread and forms the exact
+// latent scores 256 tokens at a time; any split gives the same bits. Contexts over several score
+// blocks (one partial), an empty sequence, S_q 3; the three norms, the Gram variant and a mutant
+// that reads the previous token's alpha_k (across chunk borders).
+TEST_CASE("reference.streaming.absorbed_chunks_give_the_same_bits") {
+  const uint64_t s = test::seed(1211);
+  CAPTURE(s);
+  Perturbation shifted;
+  shifted.alpha_k_shift = -1;
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
+    CAPTURE(int(norm));
+    const Case k = generate_case(test::tiny_config(Profile::BF16, {700, 0, 257}, 3, norm, s));
+    const ref::Dots d = ref::exact_dots(k);
+    ref::PrecisionScope scope(113);
+    const Variant v = norm == NormMode::None ? Variant::Default : Variant::GramAlphaK;
+    const Outputs one = ref::ref_absorbed(k, d), one_v = ref::ref_absorbed(k, d, v),
+                  one_p = ref::ref_absorbed(k, d, Variant::Default, shifted);
+    for (int threads : {2, 3, 5}) {
+      CAPTURE(threads);
+      check_identical(one, ref::ref_absorbed(k, d, Variant::Default, {}, threads));
+      check_identical(one_v, ref::ref_absorbed(k, d, v, {}, threads));
+      check_identical(one_p, ref::ref_absorbed(k, d, Variant::Default, shifted, threads));
+    }
+  }
+}
