@@ -458,6 +458,28 @@ TEST_CASE("cli.resource_limits_refused_with_what_would_fit") {
 // The memory model (harness/resources.cpp) against the peak RSS of one child (wait4's rusage): it
 // must not underestimate, and stay within 3x (a model that says 100x would refuse what fits).
 // The model is of the Release build's memory; AddressSanitizer's shadow and redzones triple it.
+// --estimate-memory prints the model's estimate (the sum over the profiles held at once, or the
+// largest profile at the largest of --contexts) and runs nothing.
+TEST_CASE("cli.report.estimate_memory_prints_the_model") {
+  qkmla::MlaConfig c = qkmla::config_for(qkmla::find_preset("paper-decode"), 1);
+  c.seqlens.assign(1, 300000), c.profile = qkmla::Profile::BF16;
+  c.set_default_scale();
+  auto bytes_in = [](const std::string& out) {
+    const size_t at = out.find("estimated peak ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(out.substr(at + 15));
+  };
+  // 300k tokens: a report would take minutes; the estimate returns at once.
+  const Run one = run("report --profile bf16 --seqlen 300000 --estimate-memory");
+  CHECK(one.code == 0);
+  CHECK(bytes_in(one.out) == doctest::Approx(qkmla::case_peak_bytes(c)).epsilon(1e-9));
+  const Run two = run("report --profile bf16,fp16 --seqlen 300000 --estimate-memory");
+  CHECK(bytes_in(two.out) == doctest::Approx(2 * qkmla::case_peak_bytes(c)).epsilon(1e-9));
+  const Run ctx = run("report --profile bf16 --contexts 4096,300000 --estimate-memory");
+  CHECK(ctx.code == 0);
+  CHECK(bytes_in(ctx.out) == doctest::Approx(qkmla::case_peak_bytes(c)).epsilon(1e-9));
+}
+
 TEST_CASE("cli.resource_model_bounds_the_measured_peak"
 #if defined(__SANITIZE_ADDRESS__)
           * doctest::skip()

@@ -73,7 +73,19 @@ struct ReportFlags {
   std::string format = "table", output, plot;
   std::vector<int> contexts;
   ReportView view;
+  bool estimate = false;
 };
+
+// --estimate-memory: the memory model's estimate for the cases held at once, and what is available.
+int print_estimate(const std::vector<MlaConfig>& at_once, const std::string& what) {
+  double need = 0;
+  for (const MlaConfig& c : at_once) need += case_peak_bytes(c);
+  std::string source;
+  const double have = available_bytes(&source);
+  std::cout << fmt::format("{}: estimated peak {:.0f} bytes ({}); available {} ({})\n", what, need,
+                           human_bytes(need), human_bytes(have), source);
+  return 0;
+}
 
 // --contexts: the report at each context, one profile at a time.
 int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& command_line) {
@@ -83,6 +95,15 @@ int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& co
   std::sort(contexts.begin(), contexts.end());
   MlaConfig largest = opts.cfg;
   largest.seqlens.assign(size_t(largest.batch), contexts.back());
+  if (f.estimate) {  // one profile at a time: the largest of them
+    MlaConfig worst = largest;
+    for (Profile p : opts.profiles) {
+      MlaConfig c = largest;
+      c.profile = p;
+      if (case_peak_bytes(c) > case_peak_bytes(worst)) worst = c;
+    }
+    return print_estimate({worst}, fmt::format("--contexts up to {} tokens", contexts.back()));
+  }
   require_memory({largest}, fmt::format("--contexts up to {} tokens", contexts.back()),
                  "smaller --contexts (each context runs one profile at a time)");
   opts.progress = {};
@@ -154,6 +175,9 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
       ->excludes("--wide")
       ->excludes("--worst-first");
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
+  cmd->add_flag("--estimate-memory", f->estimate,
+                "print the peak memory the report is estimated to need (bytes) and what is "
+                "available, and exit without running it");
   return [f, command_line] {
     ReportOptions opts;
     opts.cfg = build_config(f->c, 4096);
@@ -168,6 +192,7 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
       opts.progress = [](const std::string& s) { std::cerr << "[qkmla] " << s << "\n"; };
     std::vector<MlaConfig> at_once;  // the report holds every profile's case and truth at once
     for (Profile p : opts.profiles) at_once.push_back(opts.cfg), at_once.back().profile = p;
+    if (f->estimate) return print_estimate(at_once, "this report");
     require_memory(at_once, "this report",
                    at_once.size() > 1 ? "--profile (one profile at a time: " +
                                             human_bytes(case_peak_bytes(opts.cfg)) +

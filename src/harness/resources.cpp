@@ -9,31 +9,33 @@
 
 namespace qkmla {
 
-// Fitted on peak RSS (GNU time) of `qkmla report` on this machine. The reference's exact key and
-// value products (4 levels x 8 B per key/value element) are held whole up to 1 GiB and streamed in
-// 4 cached 256-token blocks beyond (reference/dots.hpp, the default limit). Everything else per
-// token (the case, ref.absorbed's per-token state, the CPU implementations' keys and values):
-//   before streaming (c31689f-b53db8e): paper-decode 2048 / 4096 tokens 411 / 759 MB, i.e. 41.5 B
-//   per key/value element (G (d_c + d_v) = 4096 per token) of which 32 B are the products;
-//   streamed (787bae3): paper-decode bf16 16384 tokens 980 MB, 65536 tokens 4.17 GB (one profile
-//   at a time), i.e. 65 KB per token at the margin: 12 B per key/value element + 40 B per latent
-//   and rope value (71 KB) covers it with ~10 % to spare; tiny, batch 200 / 400 x 512 tokens:
-//   305 / 604 MB; deepseek-v3 256 / 512 tokens: 616 / 963 MB, a 270 MB base of which 210 MB
-//   scale with the weights (16.8 M elements: 12.5 B each); S_q = 4 instead of 1: +7 MB.
-//   Since the CPU implementations project keys and values 256 tokens at a time (d1f3f46), the
-//   same bf16 report measures 762 MB at 16384 tokens and 2.84 GB at 65536 (42 KB per token at the
-//   margin), so this estimate (4.7 GB at 65536) is now conservative; it is kept until it is
-//   refitted on every shape above.
+// Fitted on peak RSS (GNU time) of one-profile `qkmla report` runs on this machine at commit
+// 2666b22 (every CPU implementation and ref.absorbed streaming or caching one key group at a
+// time), bf16 unless named; measured / this estimate:
+//   paper-decode 2048, 4096 tokens (products whole): 386 / 451 MB, 687 / 779 MB; S_q 4 at 4096:
+//   694 / 803 MB; streamed: 16384: 295 / 565 MB (fp32 303 MB, fp64 285 MB), 65536: 871 MB /
+//   1.39 GB, 262144: 3.25 / 4.69 GB; tiny batch 200, 400 x 512: 306 / 482 MB, 606 / 900 MB;
+//   deepseek-v3 256, 512: 775 / 839 MB, 1065 / 1141 MB; paper-g1 16384: 441 / 481 MB.
+// Terms: the exact products (32 B per key/value element, + 3 B while forming them) whole up to
+// 1 GiB, else 5 blocks of 256 tokens; ~28 B per weight element (the case's, the implementations'
+// converted and the sliced copies); per token the case and the implementations' latent caches
+// (16 B per latent and rope value), two one-group explicit caches (16 B per element of
+// d_c + d_r + d_v) and G statistics; ~120 B per query row x token (the references' packed logits
+// at two precisions and ref.absorbed's rope scores and logits). Held-out shapes (not fitted):
+// see reports/memory-model.md.
 double case_peak_bytes(const MlaConfig& c) {
   const double tokens = double(c.batch) * double(c.max_seqlen() + 2);  // + 2 rows of padding
   const double elems = double(c.groups) * double(c.d_c + c.d_v);       // key/value per token
   const double whole = tokens * elems * 32.0;
-  const double products = whole <= double(int64_t(1) << 30) ? whole : 5 * 256 * elems * 32.0 * 2;
-  const double per_token = 12.0 * elems + 40.0 * (c.latent_rank + c.d_r);
+  const double products =
+      whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+  const double per_token =
+      16.0 * (c.latent_rank + c.d_r) + 16.0 * (c.d_c + c.d_r + c.d_v) + 32.0 * c.groups;
   const double weights = double(c.latent_rank) * elems;
   const double rows = double(c.batch) * c.s_q * c.heads;
-  return 64e6 + 16.0 * weights + products + tokens * per_token +
-         rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) + rows * tokens / std::max(1, c.batch) * 8.0;
+  return 64e6 + 28.0 * weights + products + tokens * per_token +
+         rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) +
+         rows * tokens / std::max(1, c.batch) * 120.0;
 }
 
 namespace {
