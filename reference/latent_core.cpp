@@ -1,6 +1,7 @@
 #include "reference/latent_core.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "core/attention_math.hpp"
 #include "core/parallel.hpp"
@@ -56,6 +57,7 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
     }
   });
   auto alpha_k = [&](int64_t t, int g, Mp& out) {
+    if (t >= T) throw std::logic_error("latent core: alpha_k of a token past the context");
     const auto ch = std::upper_bound(chunks.begin(), chunks.end(), t,
                                      [](int64_t u, const Chunk& x) { return u < x.t0; }) -
                     1;
