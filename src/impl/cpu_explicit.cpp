@@ -133,11 +133,11 @@ GroupCache<Acc> group_cache(const Case& k, int b, int g, const std::vector<Acc>&
     const int64_t n = std::min(kProjectTokens, T - t0);
     const std::vector<Acc> rows = latent_rows<Acc>(k, b, t0, n);  // [n, r]
     // E.1: k0c and v of group g, accumulated in Acc over r (each output's sum is its own).
-    rows_mat(rows.data(), n, r, wk.data() + g * dc, G * dc, dc, &e.kc[size_t(t0 * dc)]);
-    rows_mat(rows.data(), n, r, wv.data() + g * dv, G * dv, dv, &e.v[size_t(t0 * dv)]);
+    rows_mat(rows.data(), n, r, wk.data() + g * dc, G * dc, dc, e.kc.data() + t0 * dc);
+    rows_mat(rows.data(), n, r, wv.data() + g * dv, G * dv, dv, e.v.data() + t0 * dv);
     for (int64_t t = t0; t < t0 + n; ++t)
       e.alpha_k[size_t(t)] =
-          group_key(k, b, t, gains, eps, d, &e.kc[size_t(t * dc)], &e.kr[size_t(t * dr)]);
+          group_key(k, b, t, gains, eps, d, e.kc.data() + t * dc, e.kr.data() + t * dr);
   }
   for (Acc& x : e.v) x = round_point(d.kv, A, x);
   return e;
@@ -171,10 +171,10 @@ Outputs run(const Case& k, const Design& d) {
           for (int64_t t = 0; t < T; ++t)
             if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
           auto logit = [&](int64_t t) {  // E.5
-            return plain_logit(scale, dot(q.qc.data(), &e.kc[size_t(t * dc)], dc),
-                               dot(q.qr.data(), &e.kr[size_t(t * dr)], dr));
+            return plain_logit(scale, dot(q.qc.data(), e.kc.data() + t * dc, dc),
+                               dot(q.qr.data(), e.kr.data() + t * dr, dr));
           };
-          auto value = [&](int64_t t) { return &e.v[size_t(t * dv)]; };
+          auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
           lse.at({b, i, h}) =
               double(attend_row(tokens, logit, value, dv, acc,
