@@ -56,11 +56,11 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
   return q;
 }
 
-// The key gains, converted once.
+// The key gains, converted once: blockwise gamma_ck [d_c] and gamma_rk [d_r]; unified gamma_k
+// [d_c + d_r].
 template <class Acc>
 struct KeyGains {
-  std::vector<Acc> ck, rk,
-      k;  // blockwise gamma_ck [d_c], gamma_rk [d_r]; unified gamma_k [d_c+d_r]
+  std::vector<Acc> ck, rk, k;
   explicit KeyGains(const Case& k_) {
     if (k_.cfg.norm == NormMode::Blockwise)
       ck = to_acc<Acc>(k_.get("gamma_ck")), rk = to_acc<Acc>(k_.get("gamma_rk"));
