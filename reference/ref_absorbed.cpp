@@ -110,15 +110,20 @@ Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) 
   return acc;
 }
 
-// A.3 (U.1): the cached rope part of token t and its alpha_k per group.
+// A.3 (U.1): the cached rope part of token t and its alpha_k per group. `key` [d_c]: scratch for
+// the transient keys (kept by the caller, so that its values are not allocated per group).
 void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
-               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k) {
+               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k, MpVec& key) {
   const MlaConfig& c = x.k.cfg;
   const Tensor& kpe = x.k.get("k_pe");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
   const bool ntr = hook::norm_then_rope(x.p, c);
-  rope = to_mp(kpe.ptr({b, t, 0}), c.d_r);
-  alpha_k.assign(size_t(c.groups), Mp(1));
+  // In place (exact assignments): the caller's vectors keep their values' storage across tokens.
+  const double* zk = kpe.ptr({b, t, 0});  // [d_r]
+  rope.resize(size_t(c.d_r));
+  for (int j = 0; j < c.d_r; ++j) rope[size_t(j)] = zk[j];
+  alpha_k.resize(size_t(c.groups));
+  for (Mp& a : alpha_k) a = 1;
   if (none) {
     rotate(rope, x.k, t);
     return;
@@ -126,7 +131,7 @@ void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
   if (unified && !ntr) rotate(rope, x.k, t);
   const Mp rope_sq = sum_squares(rope);  // raw, or rotated (unified rope_then_norm)
   for (int g = 0; g < c.groups; ++g) {
-    MpVec key(size_t(c.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
+    key.resize(size_t(c.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
     for (int j = 0; j < c.d_c; ++j) set_expansion(key[size_t(j)], k0c.entry(t, g * c.d_c + j));
     Mp ss = x.v == Variant::GramAlphaK ? gram_sum_squares(x.k, gram[size_t(g)], b, t)
                                        : sum_squares(key);
@@ -192,8 +197,9 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
     // A.3, token by token on the core's threads, each chunk of tokens with its own cursor.
     const CacheRows cache = [&](int64_t t0) -> CacheRow {
       auto k0c = std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
-      return [&, b, k0c](int64_t t, MpVec& rope, MpVec& ak) {
-        cache_row(x, *k0c, b, t, gram, rope, ak);
+      auto key = std::make_shared<MpVec>();  // [d_c]
+      return [&, b, k0c, key](int64_t t, MpVec& rope, MpVec& ak) {
+        cache_row(x, *k0c, b, t, gram, rope, ak, *key);
         for (int g = 0; g < c.groups; ++g)
           store(o, "alpha_k", o.tensors.at("alpha_k").index({b, t, g}), ak[size_t(g)]);
       };
