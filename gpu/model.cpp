@@ -150,7 +150,7 @@ GpuOutputs run_model(const GpuCase& c, const RunOptions& o) {
     for (int b = 0; b < d.B; ++b)
       for (int s = 0; s < plan.splits(c.seqlens[size_t(b)]); ++s)
         for (int blk = 0; blk < rb.count; ++blk)
-          if (!o.explicit_form || rb.group[size_t(blk)] == g)
+          if (!o.explicit_form || rb.group[size_t(blk)] == mc.group)
             model_block(c, mc, q, plan, rb, o.qk_norm && !o.explicit_form, b, s, blk, part);
     if (g == 0) alpha_k = mc.alpha_k, paging = mc.paging;
     for (size_t slot = 0; o.explicit_form && slot < alpha_k.size() / size_t(d.G); ++slot)

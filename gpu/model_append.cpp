@@ -30,10 +30,6 @@ void project_rows(const float* X, int rows, int n, const float* W, int ld, int c
 
 }  // namespace
 
-std::vector<float> ModelCache::dense_alpha_k(const GpuCase& c) const {
-  return dense_from_paged(paging, c.seqlens, alpha_k, c.d.t_max, c.d.G);
-}
-
 ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
   const Dims& d = c.d;
   ModelCache mc;

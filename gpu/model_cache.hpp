@@ -20,11 +20,9 @@ struct ModelCache {
   // Every slot starts as NaN: padding past T_b and unused pages stay NaN, so a kernel or model
   // that reads them poisons its output (tests check that none does).
 
-  // Row blocks of group g read these (absorbed: every group reads the one latent row).
+  // What the row blocks of `group` read (absorbed: every row block reads the one latent row).
   const float* key(size_t slot) const { return &k[slot * size_t(n_k)]; }
   const float* value(size_t slot) const { return v.empty() ? key(slot) : &v[slot * size_t(n_v)]; }
-  // alpha_k as the dense [B, t_max, G] tensor of SPEC §2 (NaN past T_b).
-  std::vector<float> dense_alpha_k(const GpuCase& c) const;
 };
 
 // K.3: the append stage for every cached token of every sequence. The explicit form's cache is

@@ -292,9 +292,10 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
                           int64_t ldb, int64_t k, const WholeB* whole) {
   check_exact_range(A, m, lda, n, "A");
   check_exact_range(B, n, ldb, k, "B");
-  const bool b_narrow = whole ? whole->narrow : all_narrow(B, n, ldb, k);
-  if (whole && b_narrow && !all_narrow(B, n, ldb, k))
+  const bool narrow_here = all_narrow(B, n, ldb, k);
+  if (whole && whole->narrow && !narrow_here)
     throw std::logic_error("exact_matmul: B is not part of the B its summary describes");
+  const bool b_narrow = whole ? whole->narrow : narrow_here;
   const Expanded e = expand(A, lda, m, n, B, ldb, k, b_narrow && all_narrow(A, m, lda, n));
   const int64_t summands = e.two_prod ? 2 * e.n2 : e.n2;
   int M = 1;

@@ -96,13 +96,12 @@ int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& co
   MlaConfig largest = opts.cfg;
   largest.seqlens.assign(size_t(largest.batch), contexts.back());
   if (f.estimate) {  // one profile at a time: the largest of them
-    MlaConfig worst = largest;
-    for (Profile p : opts.profiles) {
-      MlaConfig c = largest;
-      c.profile = p;
-      if (case_peak_bytes(c) > case_peak_bytes(worst)) worst = c;
-    }
-    return print_estimate({worst}, fmt::format("--contexts up to {} tokens", contexts.back()));
+    std::vector<MlaConfig> each;
+    for (Profile p : opts.profiles) each.push_back(largest), each.back().profile = p;
+    const auto worst = std::max_element(each.begin(), each.end(), [](const auto& a, const auto& b) {
+      return case_peak_bytes(a) < case_peak_bytes(b);
+    });
+    return print_estimate({*worst}, fmt::format("--contexts up to {} tokens", contexts.back()));
   }
   require_memory({largest}, fmt::format("--contexts up to {} tokens", contexts.back()),
                  "smaller --contexts (each context runs one profile at a time)");
