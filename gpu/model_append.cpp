@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "model_cache.hpp"
+#include "ordered_gemm.hpp"
 
 namespace qkmla::gpu {
 
@@ -11,21 +12,9 @@ namespace {
 constexpr int kProjectTokens = 256;  // tokens projected at a time: memory independent of T
 
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)): each output is project()'s sum, fmaf
-// over l in order (the loops are arranged so the compiler vectorizes across outputs; the order per
-// output is the kernel's). Rows go 8 at a time so that W is read once per block.
+// over l in order (ordered_gemm: SIMD across outputs only; the order per output is the kernel's).
 void project_rows(const float* X, int rows, int n, const float* W, int ld, int cols, float* Y) {
-  std::fill(Y, Y + size_t(rows) * size_t(cols), 0.0f);
-  for (int r0 = 0; r0 < rows; r0 += 8) {
-    const int r1 = std::min(rows, r0 + 8);
-    for (int l = 0; l < n; ++l) {
-      const float* w = W + size_t(l) * size_t(ld);
-      for (int i = r0; i < r1; ++i) {
-        const float x = X[size_t(i) * size_t(n) + size_t(l)];
-        float* y = Y + size_t(i) * size_t(cols);
-        for (int j = 0; j < cols; ++j) y[j] = fmaf(x, w[j], y[j]);
-      }
-    }
-  }
+  ordered_gemm(X, rows, n, W, ld, cols, Y, Fused::Yes);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "core/case.hpp"
 #include "core/rope.hpp"
+#include "gpu/ordered_gemm.hpp"
 
 namespace qkmla::impl {
 
@@ -179,30 +180,18 @@ void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, A
 constexpr int64_t kProjectTokens = 256;
 
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)), each output one sequential sum over
-// n exactly as vec_mat; rows are taken 8 at a time so that each row of W is read once per block
-// (the same results, bit for bit, with an eighth of the memory traffic).
+// n exactly as vec_mat: by ordered_gemm (SIMD across outputs, register tiles) for float and double
+// in the forward order, row by row through ordered_accumulate otherwise (yardsticks' orders).
 template <class Acc>
 void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols, Acc* Y) {
-  constexpr int64_t kRows = 8;
+  if constexpr (std::is_same_v<Acc, float> || std::is_same_v<Acc, double>) {
+    if (forward_order()) return gpu::ordered_gemm(X, rows, n, W, ld, cols, Y, gpu::Fused::No);
+  }
   for (int64_t i = 0; i < rows * cols; ++i) Y[i] = 0;
-  if (!forward_order()) {  // another order (yardsticks): row by row
-    for (int64_t i = 0; i < rows; ++i)
-      ordered_accumulate<Acc>(
-          n, cols, [&](int64_t l) { return X[i * n + l]; }, [&](int64_t l) { return W + l * ld; },
-          Y + i * cols);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int64_t r1 = std::min(rows, r0 + kRows);
-    for (int l = 0; l < n; ++l) {
-      const Acc* w = W + int64_t(l) * ld;
-      for (int64_t i = r0; i < r1; ++i) {
-        const Acc xl = X[i * n + l];
-        Acc* y = Y + i * cols;
-        for (int j = 0; j < cols; ++j) y[j] += xl * w[j];
-      }
-    }
-  }
+  for (int64_t i = 0; i < rows; ++i)
+    ordered_accumulate<Acc>(
+        n, cols, [&](int64_t l) { return X[i * n + l]; }, [&](int64_t l) { return W + l * ld; },
+        Y + i * cols);
 }
 
 // Softmax over one row's visible logits: lse = m + log(sum exp(l - m)), p = exp(l - m) / sum.
