@@ -190,7 +190,7 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
         const double* ct = kv.ptr({b_, t, 0});  // c[t] [r]
         for (size_t j = 0; j < lat_[x].size(); ++j) {
           mpfr_ptr acc = lat_[x][j].backend().data();
-          mpfr_mul_d(tmp.backend().data(), p.backend().data(), ct[j], MPFR_RNDN);
+          mul_d(tmp.backend().data(), p.backend().data(), ct[j]);
           mpfr_add(acc, acc, tmp.backend().data(), MPFR_RNDN);
         }
       }

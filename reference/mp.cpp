@@ -1,5 +1,6 @@
 #include "reference/mp.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -14,7 +15,27 @@ namespace {
   thread_exit_hooks().push_back([] { mpfr_free_cache2(MPFR_FREE_LOCAL_CACHE); });
   return true;
 }();
+// A double held exactly (precision >= 53) at the given precision, one scratch per thread.
+mpfr_srcptr exact_double(double d, mpfr_prec_t prec) {
+  struct Scratch {
+    mpfr_t v;
+    Scratch() { mpfr_init2(v, 64); }
+    ~Scratch() { mpfr_clear(v); }
+  };
+  thread_local Scratch s;
+  prec = std::max<mpfr_prec_t>(prec, 53);
+  if (mpfr_get_prec(s.v) != prec) mpfr_set_prec(s.v, prec);
+  mpfr_set_d(s.v, d, MPFR_RNDN);
+  return s.v;
+}
+
 }  // namespace
+
+void add_d(mpfr_ptr x, double d) { mpfr_add(x, x, exact_double(d, mpfr_get_prec(x)), MPFR_RNDN); }
+
+void mul_d(mpfr_ptr y, mpfr_srcptr x, double d) {
+  mpfr_mul(y, x, exact_double(d, mpfr_get_prec(y)), MPFR_RNDN);
+}
 
 PrecisionScope::PrecisionScope(int bits) : saved_digits10_(Mp::default_precision()) {
   // Boost counts decimal digits; pick the smallest digits10 that yields >= bits.
@@ -30,7 +51,7 @@ int PrecisionScope::current_bits() { return int(mpfr_get_prec(Mp(0).backend().da
 void set_expansion(Mp& x, std::span<const double> terms) {
   mpfr_set_d(x.backend().data(), terms[0], MPFR_RNDN);
   for (size_t i = 1; i < terms.size(); ++i)
-    if (terms[i] != 0) mpfr_add_d(x.backend().data(), x.backend().data(), terms[i], MPFR_RNDN);
+    if (terms[i] != 0) add_d(x.backend().data(), terms[i]);
 }
 
 int parts_for(int bits) { return (bits + 51) / 52 + 1; }
@@ -46,7 +67,7 @@ void to_parts(const Mp& x, double* out, int parts) {
 
 void add_expansion(Mp& x, std::span<const double> terms) {
   for (double t : terms)
-    if (t != 0) mpfr_add_d(x.backend().data(), x.backend().data(), t, MPFR_RNDN);
+    if (t != 0) add_d(x.backend().data(), t);
 }
 
 void split_double(const Mp& x, double& hi, double& lo) {

@@ -23,6 +23,13 @@ class PrecisionScope {
   unsigned saved_digits10_;
 };
 
+// x += d and y = x * d with the rounding of mpfr_add_d and mpfr_mul_d (one correct rounding of the
+// exact result into the destination's precision), through a per-thread scratch of the
+// destination's precision that holds d exactly: MPFR's same-precision fast paths (add1sp, mul_2)
+// instead of the mixed-precision general ones. The same bits, ~2x faster.
+void add_d(mpfr_ptr x, double d);
+void mul_d(mpfr_ptr y, mpfr_srcptr x, double d);
+
 // Exact sum of an expansion, rounded into the current precision (proofs step X.3): x is set to
 // the first term, then each further term is added with one rounding.
 void set_expansion(Mp& x, std::span<const double> terms);

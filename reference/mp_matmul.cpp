@@ -56,8 +56,7 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
   Mp prod;
   for (const auto& [i, l] : small)
     for (int64_t j = 0; j < cols; ++j) {
-      mpfr_mul_d(prod.backend().data(), x[size_t(i)][size_t(l)].backend().data(), D[l * ld + j],
-                 MPFR_RNDN);
+      mul_d(prod.backend().data(), x[size_t(i)][size_t(l)].backend().data(), D[l * ld + j]);
       mpfr_add(y[size_t(i)][size_t(j)].backend().data(), y[size_t(i)][size_t(j)].backend().data(),
                prod.backend().data(), MPFR_RNDN);
     }

@@ -24,7 +24,7 @@ Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps) { return 1 / sqrt(sum_sq / n 
 void scale_gain(MpVec& z, int from, int n, const Tensor& gamma, int gamma_from, const Mp& inv) {
   for (int j = 0; j < n; ++j) {  // in place: (z_j * gamma_j) * inv, no temporaries
     mpfr_ptr zj = z[size_t(from + j)].backend().data();
-    mpfr_mul_d(zj, zj, gamma[gamma_from + j], MPFR_RNDN);
+    mul_d(zj, zj, gamma[gamma_from + j]);
     mpfr_mul(zj, zj, inv.backend().data(), MPFR_RNDN);
   }
 }

@@ -10,6 +10,7 @@
 #include "core/rng.hpp"
 #include "helpers.hpp"
 #include "reference/exact_dot.hpp"
+#include "reference/mp.hpp"
 #include "reference/slice_gemm.hpp"
 #include "reference/sliced_product.hpp"
 
@@ -224,4 +225,48 @@ TEST_CASE("reference.exact_dot.column_blocks_with_whole_summary_equal_whole") {
   narrow_only.add(b.data(), 1, k, 1);  // b[0]: a bf16 value
   CHECK_THROWS_AS(ref::exact_matmul(a.data(), n, 1, 1, wide.data(), 1, 1, &narrow_only),
                   std::logic_error);
+}
+
+// add_d and mul_d must round exactly as mpfr_add_d and mpfr_mul_d: destinations at P, at the check
+// precision and at 64 bits, operands of other precisions, doubles over the whole exponent range
+// (subnormals included) and zeros of both signs; the values' bits and zeros' signs compared.
+TEST_CASE("reference.mp.add_d_and_mul_d_round_as_mpfr") {
+  const uint64_t s = test::seed(1402);
+  CAPTURE(s);
+  Rng rng(s);
+  auto draw = [&] {
+    switch (rng.below(8)) {
+      case 0:
+        return 0.0;
+      case 1:
+        return -0.0;
+      case 2:
+        return std::ldexp(rng.normal(), -1074 + int(rng.below(60)));  // subnormal or tiny
+      default:
+        return std::ldexp(rng.normal(), int(rng.below(400)) - 200);
+    }
+  };
+  int inexact = 0;
+  for (mpfr_prec_t prec : {64, 114, 178}) {
+    mpfr_t x, want, got, src;
+    mpfr_inits2(prec, x, want, got, (mpfr_ptr) nullptr);
+    mpfr_init2(src, prec == 114 ? 178 : 114);  // mul_d's source at another precision
+    for (int i = 0; i < 3000; ++i) {
+      CAPTURE(prec);
+      CAPTURE(i);
+      mpfr_set_d(x, draw(), MPFR_RNDN);
+      mpfr_mul_d(x, x, 1.0 + std::ldexp(rng.normal(), -30), MPFR_RNDN);  // bits below a double's
+      const double d = draw();
+      inexact += mpfr_add_d(want, x, d, MPFR_RNDN) != 0;  // the ternary value: rounded
+      mpfr_set(got, x, MPFR_RNDN);
+      ref::add_d(got, d);
+      CHECK((mpfr_equal_p(got, want) && mpfr_signbit(got) == mpfr_signbit(want)));
+      mpfr_set(src, x, MPFR_RNDN);
+      mpfr_mul_d(want, src, d, MPFR_RNDN);
+      ref::mul_d(got, src, d);
+      CHECK((mpfr_equal_p(got, want) && mpfr_signbit(got) == mpfr_signbit(want)));
+    }
+    mpfr_clears(x, want, got, src, (mpfr_ptr) nullptr);
+  }
+  CHECK(inexact > 100);  // many sums round: the cases can tell one rounding from another
 }
