@@ -26,7 +26,8 @@ class PrecisionScope {
 // x += d and y = x * d with the rounding of mpfr_add_d and mpfr_mul_d (one correct rounding of the
 // exact result into the destination's precision), through a per-thread scratch of the
 // destination's precision that holds d exactly: MPFR's same-precision fast paths (add1sp, mul_2)
-// instead of the mixed-precision general ones. The same bits, ~2x faster.
+// instead of the mixed-precision general ones. The same bits; in a microbenchmark at 114 and 178
+// bits, 1.4-2.0x (add) and 1.0-1.5x (mul) as fast as MPFR's own.
 void add_d(mpfr_ptr x, double d);
 void mul_d(mpfr_ptr y, mpfr_srcptr x, double d);
 
