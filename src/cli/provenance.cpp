@@ -8,7 +8,9 @@
 #include <ctime>
 
 #include "cli/build_commit.inc"
+#include "gpu/ordered_gemm.hpp"
 #include "gpu/qkmla_gpu.hpp"
+#include "reference/slice_gemm.hpp"
 
 namespace qkmla::cli {
 
@@ -42,10 +44,16 @@ std::string provenance(const std::string& command_line, int threads) {
   std::string why;
   const std::string device =
       gpu::device_available(&why) ? gpu::device_description() : "CPU only (" + why + ")";
+  // The instruction sets Highway chose on this CPU: they change the speed, never the values.
+  const std::string products = ref::slice_gemm_target(), projections = gpu::ordered_gemm_target();
+  const std::string simd = products == projections
+                               ? products
+                               : products + " (exact products), " + projections + " (projections)";
   return fmt::format(
-      "`{}` at commit {}, {}, compiler {} with flags `{}`, CUDA: {}, {} threads, device: {}, {}",
+      "`{}` at commit {}, {}, compiler {} with flags `{}`, CUDA: {}, {} threads, "
+      "SIMD: {} (Highway), device: {}, {}",
       command_line, commit, QKMLA_BUILD_TYPE, QKMLA_COMPILER, QKMLA_FLAGS, QKMLA_CUDA_INFO, threads,
-      device, date);
+      simd, device, date);
 }
 
 }  // namespace qkmla::cli
