@@ -65,6 +65,19 @@ void Panel(const T* X, int64_t rows, int64_t n, const T* W, int64_t ld, int64_t 
   }
 }
 
+// Columns [j0, cols) of every row as the scalar sums themselves.
+template <class T, bool kFused>
+void ScalarColumns(const T* X, int64_t rows, int64_t n, const T* W, int64_t ld, int64_t cols, T* Y,
+                   int64_t j0) {
+  for (int64_t j = j0; j < cols; ++j)
+    for (int64_t i = 0; i < rows; ++i) {
+      T s = T(0);
+      for (int64_t p = 0; p < n; ++p)
+        s = kFused ? std::fma(X[i * n + p], W[p * ld + j], s) : s + X[i * n + p] * W[p * ld + j];
+      Y[i * cols + j] = s;
+    }
+}
+
 template <class T, bool kFused>
 void Columns(const T* X, int64_t rows, int64_t n, const T* W, int64_t ld, int64_t cols, T* Y) {
   const hn::ScalableTag<T> d;
@@ -74,13 +87,7 @@ void Columns(const T* X, int64_t rows, int64_t n, const T* W, int64_t ld, int64_
   for (; j + kNV * N <= cols; j += kNV * N)
     Panel<T, kFused, kNV>(X, rows, n, W, ld, cols, Y, j, bp.get());
   for (; j + N <= cols; j += N) Panel<T, kFused, 1>(X, rows, n, W, ld, cols, Y, j, bp.get());
-  for (; j < cols; ++j)  // columns left over: the scalar sums
-    for (int64_t i = 0; i < rows; ++i) {
-      T s = T(0);
-      for (int64_t p = 0; p < n; ++p)
-        s = kFused ? std::fma(X[i * n + p], W[p * ld + j], s) : s + X[i * n + p] * W[p * ld + j];
-      Y[i * cols + j] = s;
-    }
+  ScalarColumns<T, kFused>(X, rows, n, W, ld, cols, Y, j);  // columns left over
 }
 
 template <class T>
@@ -91,12 +98,7 @@ void Gemm(const T* X, int64_t rows, int n, const T* W, int64_t ld, int cols, T* 
 #if HWY_NATIVE_FMA
   Columns<T, true>(X, rows, n, W, ld, cols, Y);
 #else
-  for (int64_t i = 0; i < rows; ++i)  // no native fma: the scalar sums, std::fma per term
-    for (int64_t j = 0; j < cols; ++j) {
-      T s = T(0);
-      for (int64_t p = 0; p < n; ++p) s = std::fma(X[i * n + p], W[p * ld + j], s);
-      Y[i * cols + j] = s;
-    }
+  ScalarColumns<T, true>(X, rows, n, W, ld, cols, Y, 0);  // no native fma: std::fma per term
 #endif
 }
 
