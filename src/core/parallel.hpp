@@ -18,18 +18,55 @@ inline std::vector<void (*)()>& thread_exit_hooks() {
   return hooks;
 }
 
-inline void run_parallel(const std::vector<std::function<void()>>& tasks, int threads) {
+// Tasks with no order among them that may run in any phase of run_parallel calls that share this
+// queue, on threads the phase would otherwise leave idle: a worker that finds no task of its phase
+// left takes one filler while another worker still runs a task of that phase. What the phases
+// leave of them runs in run_rest(). They must not depend on any phase's state (e.g. MPFR's global
+// default precision, which phases of the reference set).
+class Fillers {
+ public:
+  explicit Fillers(std::vector<std::function<void()>> tasks) : tasks_(std::move(tasks)) {}
+  Fillers(const Fillers&) = delete;
+  Fillers& operator=(const Fillers&) = delete;
+  // Runs the next filler and returns true, or returns false when none is left.
+  bool run_one() {
+    const size_t i = next_++;
+    if (i >= tasks_.size()) return false;
+    tasks_[i]();
+    return true;
+  }
+  void run_rest(int threads);
+
+ private:
+  std::vector<std::function<void()>> tasks_;
+  std::atomic<size_t> next_{0};
+};
+
+// `fillers` (may be null): run on threads that would otherwise wait for the phase's last task.
+inline void run_parallel(const std::vector<std::function<void()>>& tasks, int threads,
+                         Fillers* fillers = nullptr) {
   std::atomic<size_t> next{0};
+  std::atomic<int> busy{0};  // workers running (or about to take) a task of this phase
   std::exception_ptr error;
   std::mutex error_mutex;
+  auto guarded = [&](const std::function<bool()>& f) {
+    try {
+      return f();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      return true;
+    }
+  };
   auto worker = [&] {
-    for (size_t i = next++; i < tasks.size(); i = next++) {
-      try {
+    ++busy;
+    for (size_t i = next++; i < tasks.size(); i = next++)
+      guarded([&] {
         tasks[i]();
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
+        return true;
+      });
+    --busy;
+    while (fillers && busy > 0 && guarded([&] { return fillers->run_one(); })) {
     }
   };
   std::vector<std::thread> pool;
@@ -41,6 +78,16 @@ inline void run_parallel(const std::vector<std::function<void()>>& tasks, int th
   worker();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);  // the first failure, after every thread stopped
+}
+
+inline void Fillers::run_rest(int threads) {
+  std::vector<std::function<void()>> rest;
+  for (int t = 0; t < threads; ++t)
+    rest.push_back([this] {
+      while (run_one()) {
+      }
+    });
+  run_parallel(rest, threads);
 }
 
 }  // namespace qkmla

@@ -41,14 +41,14 @@ std::vector<std::string> agreement_tensors(const Outputs& check) {
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra) {
   std::vector<Truth> truths(cases.size());
+  Fillers fillers(extra);  // the caller's work, on threads a phase would leave idle
   std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < cases.size(); ++i)
     if (cases[i]->cfg.level == Level::Module)
       tasks.push_back([&, i] {
         truths[i].dots = o.dots && cases.size() == 1 ? *o.dots : ref::exact_dots(*cases[i]);
       });
-  tasks.insert(tasks.end(), extra.begin(), extra.end());
-  run_parallel(tasks, o.threads);
+  run_parallel(tasks, o.threads, &fillers);
   // Streamed products: ref.explicit and its check take turns on each block, which is then formed
   // once for both (ref_explicit_pair); everything else runs one precision at a time.
   auto paired = [&](size_t i) {
@@ -62,20 +62,22 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
     for (size_t i = 0; i < cases.size(); ++i)
       runs += (paired(i) ? 0 : 1) + (o.absorbed && cases[i]->cfg.level == Level::Module ? 1 : 0);
     const int share = threads_per_run(o, runs);
+    std::vector<std::function<void()>> explicit_runs;
     for (size_t i = 0; i < cases.size(); ++i) {
       truths[i].bits = ref::PrecisionScope::current_bits();
       const bool module = cases[i]->cfg.level == Level::Module;
       if (!paired(i))
-        tasks.push_back([&, i, share] {
+        explicit_runs.push_back([&, i, share] {
           truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
         });
-      if (o.absorbed && module)
+      if (o.absorbed && module)  // the longer runs first, so that the phase ends on short ones
         tasks.push_back([&, i, share] {
           truths[i].absorbed_p =
               ref::ref_absorbed(*cases[i], truths[i].dots, Variant::Default, {}, share);
         });
     }
-    run_parallel(tasks, o.threads);
+    tasks.insert(tasks.end(), explicit_runs.begin(), explicit_runs.end());
+    run_parallel(tasks, o.threads, &fillers);
   }
   {
     ref::PrecisionScope scope(check_bits);
@@ -90,8 +92,9 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
           truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
         });
     }
-    run_parallel(tasks, o.threads);
+    run_parallel(tasks, o.threads, &fillers);
   }
+  fillers.run_rest(o.threads);
   for (size_t i = 0; i < cases.size(); ++i)
     if (paired(i))
       std::tie(truths[i].explicit_p, truths[i].check) = ref::ref_explicit_pair(

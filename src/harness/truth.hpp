@@ -37,10 +37,12 @@ struct Truth {
   const Outputs* of(const std::string& tensor) const;
 };
 
-// The truths of many cases, in phases: exact products (with `extra` tasks beside them, so a
-// caller's CPU work shares the threads), everything at P, everything at the check precision (Boost
-// keeps one global default precision, so each precision is one phase), then the cases with
-// streamed products, whose P and check runs take turns block by block (ref_explicit_pair).
+// The truths of many cases, in phases: exact products, everything at P, everything at the check
+// precision (Boost keeps one global default precision, so each precision is one phase), then the
+// cases with streamed products, whose P and check runs take turns block by block
+// (ref_explicit_pair). `extra`: the caller's CPU work (no multiprecision: it may run in any
+// phase), run on threads a phase would leave idle, and what is left of it before the streamed
+// cases.
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra = {});
 Truth compute_truth(const Case& k, const TruthOptions& o);

@@ -174,18 +174,21 @@ Report run_report(const ReportOptions& opts) {
   rep.cfg.set_default_scale();
   std::vector<ProfileRun> runs(opts.profiles.size());
   std::vector<const Case*> cases;
+  std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < runs.size(); ++i) {
     MlaConfig c = rep.cfg;
     c.profile = opts.profiles[i];
-    runs[i].k = generate_case(c);
+    tasks.push_back([&runs, i, c] { runs[i].k = generate_case(c); });  // independent draws
     for (const ImplId& id : registered_ids(c, kReport))
       if (wanted(id, opts)) runs[i].ids.push_back(id);
     cases.push_back(&runs[i].k);
   }
-  // The CPU implementations run beside the exact products, one task per (profile, family).
+  run_parallel(tasks, opts.threads);
+  tasks.clear();
+  // The CPU implementations fill the threads the reference's phases leave idle, one task per
+  // (profile, family).
   say("exact key/value products and CPU profile implementations");
   std::vector<std::vector<std::vector<Outputs>>> got(runs.size());
-  std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < runs.size(); ++i) {
     std::map<const ImplFamily*, std::vector<ImplId>> by_family;
     std::vector<const ImplFamily*> order;
@@ -204,8 +207,8 @@ Report run_report(const ReportOptions& opts) {
   to.threads = opts.threads;
   std::vector<Truth> truths;
   {
-    // Phase 1 runs inside compute_truths (exact products and `tasks`), then the reference at P and
-    // its check; progress lines mark the phases that take long.
+    // compute_truths runs the exact products, the reference at P and its check, and `tasks` where
+    // a phase leaves a thread idle; progress lines mark the phases that take long.
     say("reference at P and its check at P + 64");
     truths = compute_truths(cases, to, tasks);
   }

@@ -1,0 +1,95 @@
+// core.parallel.*: run_parallel's filler queue (the report's CPU implementations run on threads a
+// reference phase would leave idle) and the report's independence of the thread count.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "core/parallel.hpp"
+#include "helpers.hpp"
+#include "report/report.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+// Waits until `flag` reaches `want` or 20 s pass; returns whether it did.
+bool wait_for(const std::atomic<int>& flag, int want) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (flag.load() < want) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("core.parallel.fillers_run_once_each_on_threads_a_phase_leaves_idle") {
+  constexpr int kFillers = 8;
+  std::atomic<int> runs[kFillers] = {};
+  std::atomic<int> done{0};
+  auto make_fillers = [&] {
+    std::vector<std::function<void()>> f;
+    for (int i = 0; i < kFillers; ++i) f.push_back([&, i] { ++runs[i], ++done; });
+    return f;
+  };
+  SUBCASE("two threads: the idle one runs fillers while the phase's one long task waits for them") {
+    Fillers fillers(make_fillers());
+    bool saw_three = false;
+    run_parallel({[&] { saw_three = wait_for(done, 3); }}, 2, &fillers);
+    CHECK(saw_three);  // fillers ran during the phase, not after it
+    fillers.run_rest(2);
+    CHECK(done == kFillers);
+  }
+  SUBCASE("one thread: no filler runs inside a phase, all of them in run_rest") {
+    Fillers fillers(make_fillers());
+    run_parallel({[] {}, [] {}}, 1, &fillers);
+    CHECK(done == 0);
+    fillers.run_rest(3);
+    CHECK(done == kFillers);
+  }
+  for (const auto& r : runs) CHECK(r == 1);  // exactly once each, whoever ran it
+}
+
+TEST_CASE("core.parallel.a_failing_filler_fails_the_phase_after_every_thread_stopped") {
+  std::atomic<int> done{0};
+  Fillers fillers({[] { throw std::runtime_error("filler failed"); }, [&] { ++done; }});
+  CHECK_THROWS_WITH(run_parallel({[&] { wait_for(done, 1); }}, 2, &fillers), "filler failed");
+  CHECK(done == 1);  // the filler after the failing one still ran while the phase task waited
+}
+
+TEST_CASE("report.thread_count_changes_no_value") {
+  // Fillers move the CPU implementations between the reference's phases: every value must be the
+  // same whichever phase (and thread) ran them. Seed printed on failure.
+  const uint64_t seed = test::seed(61);
+  CAPTURE(seed);
+  auto report_with = [&](int threads) {
+    ReportOptions o;
+    o.cfg = test::tiny_config(Profile::BF16, {0, 9, 33}, 2, NormMode::Blockwise, seed);
+    o.cfg.set_default_scale();
+    o.profiles = {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
+    o.threads = threads;
+    return run_report(o);
+  };
+  const Report one = report_with(1), two = report_with(2), three = report_with(3);
+  REQUIRE(one.rows.size() > 40);
+  for (const Report* r : {&two, &three}) {
+    REQUIRE(r->rows.size() == one.rows.size());
+    for (size_t i = 0; i < one.rows.size(); ++i) {
+      const Row &a = one.rows[i], &b = r->rows[i];
+      CAPTURE(a.impl);
+      CAPTURE(a.tensor);
+      CHECK(a.impl == b.impl);
+      CHECK(std::memcmp(&a.m.rel_l2, &b.m.rel_l2, sizeof(double)) == 0);
+      CHECK(std::memcmp(&a.m.max_abs, &b.m.max_abs, sizeof(double)) == 0);
+      CHECK(std::memcmp(&a.m.max_ulp, &b.m.max_ulp, sizeof(double)) == 0);
+      CHECK(std::memcmp(&a.baseline_ratio, &b.baseline_ratio, sizeof(double)) == 0);
+    }
+    for (size_t p = 0; p < one.references.size(); ++p)
+      CHECK(one.references[p].agreeing_bits == r->references[p].agreeing_bits);
+  }
+}
