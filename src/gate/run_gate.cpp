@@ -191,14 +191,18 @@ GateResults run_gate(const GateConfig& c, int shard_k, int shard_n, int threads)
     if (int(i % size_t(shard_n)) == shard_k - 1) jobs.push_back(all[i]);
   std::vector<Case> cases(jobs.size());
   std::vector<const Case*> ptrs;
-  for (size_t i = 0; i < jobs.size(); ++i)
-    cases[i] = generate_case(jobs[i].cfg), ptrs.push_back(&cases[i]);
+  std::vector<std::function<void()>> tasks;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    tasks.push_back([&, i] { cases[i] = generate_case(jobs[i].cfg); });  // independent draws
+    ptrs.push_back(&cases[i]);
+  }
+  run_parallel(tasks, threads);
+  tasks.clear();
   TruthOptions to;
   to.bits = c.ref_bits, to.latent_out = true, to.threads = threads;
   std::vector<Truth> truths = compute_truths(ptrs, to);
   GateResults r;
   std::vector<std::vector<GateCase>> per_job(jobs.size());
-  std::vector<std::function<void()>> tasks;
   for (size_t i = 0; i < jobs.size(); ++i)
     tasks.push_back([&, i] {
       per_job[i] = run_job(c, jobs[i], cases[i], truths[i]);
