@@ -107,8 +107,9 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   return truths;
 }
 
-Truth compute_truth(const Case& k, const TruthOptions& o) {
-  std::vector<Truth> t = compute_truths({&k}, o);
+Truth compute_truth(const Case& k, const TruthOptions& o,
+                    const std::vector<std::function<void()>>& extra) {
+  std::vector<Truth> t = compute_truths({&k}, o, extra);
   return std::move(t[0]);
 }
 

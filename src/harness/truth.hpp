@@ -45,6 +45,7 @@ struct Truth {
 // cases.
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra = {});
-Truth compute_truth(const Case& k, const TruthOptions& o);
+Truth compute_truth(const Case& k, const TruthOptions& o,
+                    const std::vector<std::function<void()>>& extra = {});
 
 }  // namespace qkmla
