@@ -78,6 +78,22 @@ TEST_CASE("cli.bad_usage_exits_2") {
   const Run r = run("report --preset tiny --eps 0");
   CHECK(r.code == 2);
   CHECK(r.out.find("eps") != std::string::npos);
+  // Each message names the flag and what it takes (CLI11's PositiveNumber had printed "0 not in
+  // range 0.000000 to 1797693..."); a repeated profile would have printed its rows twice; a
+  // thread count beyond what the system gives had aborted the process (std::terminate).
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"report --sq 0", "--sq: Value 0 not in range 1 to"},
+           {"report --heads 0", "--heads: Value 0 not in range 1 to"},
+           {"report --seqlen -1", "--seqlen: Value -1 not in range 0 to"},
+           {"report --contexts 0", "--contexts: Value 0 not in range 1 to"},
+           {"report --profiles fp64,bf16,fp64", "--profiles: fp64 is given twice"},
+           {"mutants --profiles bf16,bf16", "--profiles: bf16 is given twice"},
+           {"reference --threads 100000", "--threads: Value 100000 not in range 1 to 64"}}) {
+    CAPTURE(args);
+    const Run bad = run(args + " --preset tiny");
+    CHECK(bad.code == 2);
+    CHECK(bad.out.find(says) != std::string::npos);
+  }
 }
 
 TEST_CASE("cli.presets_lists_dims") {

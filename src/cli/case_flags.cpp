@@ -1,6 +1,7 @@
 #include "cli/case_flags.hpp"
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -19,29 +20,29 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--config", f.config_file,
                  "a config file (JSON or TOML, SPEC §9 keys; flags given override it)");
   app.add_option("--heads", f.heads, "query heads H (overrides the preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--groups", f.groups, "key groups G, H % G == 0 (overrides the preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--latent-rank", f.latent_rank, "latent rank r (overrides the preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--d-c", f.d_c, "content head dim d_c (overrides the preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--d-r", f.d_r, "rope head dim d_r, even; 0 = NoPE (overrides the preset)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   app.add_option("--d-v", f.d_v, "value head dim d_v (overrides the preset)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--batch", f.batch, "sequences in the batch (each of --seqlen tokens)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   auto* one =
       app.add_option("--seqlen", f.seqlen,
                      "cached tokens per sequence (default " + std::to_string(default_seqlen) + ")")
-          ->check(CLI::NonNegativeNumber);
+          ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   app.add_option("--seqlens", f.seqlens,
                  "cached tokens of each sequence, comma separated (varlen batch)")
       ->delimiter(',')
       ->excludes(one);
   app.add_option("--sq", f.sq, "query tokens per sequence (1 = decode)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()))
       ->capture_default_str();
   app.add_option("--norm", f.norm, "blockwise|unified|none (none: plain MLA, no QK-norm)")
       ->check(CLI::IsMember({"blockwise", "unified", "none"}))
@@ -63,6 +64,16 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
                  "precision profiles, comma separated (fp64,fp32,bf16,fp16,fp8)")
       ->delimiter(',')
       ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
+  refuse_repeats(app, f.profiles, "--profiles");
+}
+
+void refuse_repeats(CLI::App& app, const std::vector<std::string>& values, const std::string& flag) {
+  app.parse_complete_callback([&values, flag] {
+    for (size_t i = 0; i < values.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (values[i] == values[j])
+          throw CLI::ValidationError(flag, values[i] + " is given twice (each value runs once)");
+  });
 }
 
 std::string config_file_json(const std::string& path) {

@@ -28,6 +28,10 @@ struct CaseFlags {
 
 void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen);
 
+// Refuses, when `app` has parsed, a list flag that names one value twice (it would run twice and
+// print its rows twice). `values` must outlive the parse. One per app (CLI11 keeps one callback).
+void refuse_repeats(CLI::App& app, const std::vector<std::string>& values, const std::string& flag);
+
 // app.parse over `args` (in order, without the program name). What CLI11's value conversions
 // throw besides its own errors (std::stoll's std::out_of_range for
 // --no-causal=99999999999999999999) becomes a CLI::ConversionError naming the arguments: every bad

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
 #include "gate/run_gate.hpp"
@@ -97,6 +98,7 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--profiles", f->profiles, "profiles, comma separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
+  refuse_repeats(*cmd, f->profiles, "--profiles");
   cmd->add_option("--config", f->config,
                   "gate matrix (TOML) whose mutant entries are run; default: the built-in one")
       ->check(CLI::ExistingFile);

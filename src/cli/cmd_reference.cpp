@@ -54,7 +54,7 @@ Runner add_reference(CLI::App& app, const std::string& command_line) {
       "reference", "the multiprecision truth of one case: time, peak memory, agreeing bits");
   add_case_flags(*cmd, f->c, 4096);
   cmd->add_option("--threads", f->threads, "threads (exact products overlap the runs)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
   return [f, command_line] {
     const auto t0 = std::chrono::steady_clock::now();

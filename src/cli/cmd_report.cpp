@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -93,6 +94,7 @@ int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& co
     throw ConfigError("format", "--contexts prints table, md or json");
   std::vector<int> contexts = f.contexts;
   std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());  // one column each
   MlaConfig largest = opts.cfg;
   largest.seqlens.assign(size_t(largest.batch), contexts.back());
   if (f.estimate) {  // one profile at a time: the largest of them
@@ -170,7 +172,7 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
                   "(comma separated), one profile at a time; --plot draws rel_l2 and max_ulp of "
                   "out against context per profile")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()))
       ->excludes("--wide")
       ->excludes("--worst-first");
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");

@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -70,11 +71,16 @@ inline void run_parallel(const std::vector<std::function<void()>>& tasks, int th
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t)
-    pool.emplace_back([&] {
-      worker();
-      for (void (*hook)() : thread_exit_hooks()) hook();
-    });
+  for (int t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back([&] {
+        worker();
+        for (void (*hook)() : thread_exit_hooks()) hook();
+      });
+    } catch (const std::system_error&) {  // no more threads to be had: the same results on fewer
+      break;
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);  // the first failure, after every thread stopped
