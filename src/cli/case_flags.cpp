@@ -67,7 +67,8 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   refuse_repeats(app, f.profiles, "--profiles");
 }
 
-void refuse_repeats(CLI::App& app, const std::vector<std::string>& values, const std::string& flag) {
+void refuse_repeats(CLI::App& app, const std::vector<std::string>& values,
+                    const std::string& flag) {
   app.parse_complete_callback([&values, flag] {
     for (size_t i = 0; i < values.size(); ++i)
       for (size_t j = 0; j < i; ++j)

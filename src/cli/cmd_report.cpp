@@ -2,11 +2,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <memory>
 
 #include "cli/case_flags.hpp"
