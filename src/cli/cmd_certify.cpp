@@ -35,7 +35,8 @@ Runner add_certify(CLI::App& app, const std::string& command_line) {
     MlaConfig cfg = build_config(f->c, 256);
     cfg.profile = build_profiles(f->c, {Profile::BF16}).at(0);
     const Perturbation p = f->mutant.empty() ? Perturbation{} : impl::find_mutant(f->mutant).p;
-    require_memory({cfg}, "this case", "a shorter --seqlen or a smaller shape");
+    require_memory({cfg}, "certify on this case", "a shorter --seqlen or a smaller shape",
+                   certify_peak_bytes);
     const Case k = generate_case(cfg);
     const auto t0 = std::chrono::steady_clock::now();
     const ref::CertifyResult r = ref::certify(k, p);

@@ -38,6 +38,16 @@ double case_peak_bytes(const MlaConfig& c) {
          rows * tokens / std::max(1, c.batch) * 120.0;
 }
 
+// Not fitted: an upper estimate from the sizes certify allocates (reference/certify.cpp), so that
+// a case far beyond the machine is refused before it starts instead of failing in an allocation.
+// An mpq_rational holds two GMP integers: 32 B of headers plus their limbs, ~100 B here.
+double certify_peak_bytes(const MlaConfig& c) {
+  const double t = double(c.max_seqlen());
+  const double elems = double(c.groups) * double(c.d_c + c.d_v);
+  return case_peak_bytes(c) + t * elems * 35.0 + t * c.groups * 2 * 100.0 +
+         t * c.latent_rank * (8.0 + 35.0);
+}
+
 namespace {
 
 double read_number(const std::string& path) {
@@ -96,10 +106,10 @@ std::string human_bytes(double b) {
 }
 
 void require_memory(const std::vector<MlaConfig>& at_once, const std::string& what,
-                    const std::string& reduce) {
+                    const std::string& reduce, double (*model)(const MlaConfig&)) {
   double need = 0, largest = 0;
   for (const MlaConfig& c : at_once) {
-    const double b = case_peak_bytes(c);
+    const double b = model(c);
     need += b, largest = std::max(largest, b);
   }
   std::string source;

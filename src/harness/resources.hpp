@@ -20,6 +20,12 @@ struct ResourceError : std::runtime_error {
 // logits), validated on held-out shapes by reports/memory_model.sh.
 double case_peak_bytes(const MlaConfig& c);
 
+// Peak bytes of `qkmla certify` on one case: case_peak_bytes plus what certify holds whole for
+// one sequence at a time (it never streams): its exact key and value products at the whole-product
+// rate, the two forms' rational alpha_k per token and group, and the Gram check's c^T and
+// M c^T products per token.
+double certify_peak_bytes(const MlaConfig& c);
+
 // Bytes this process may still allocate: the smallest of MemAvailable (/proc/meminfo), the cgroup
 // v2 limit left (memory.max - memory.current) and RLIMIT_AS / RLIMIT_DATA left; `source` names the
 // one that binds.
@@ -28,7 +34,7 @@ double available_bytes(std::string* source);
 // Throws ResourceError when the cases held at the same time do not fit. `reduce` says how to need
 // less (e.g. "--profile one at a time, a shorter --seqlen or a smaller --batch").
 void require_memory(const std::vector<MlaConfig>& at_once, const std::string& what,
-                    const std::string& reduce);
+                    const std::string& reduce, double (*model)(const MlaConfig&) = case_peak_bytes);
 
 std::string human_bytes(double b);  // "5.3 GB"
 
