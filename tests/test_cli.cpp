@@ -88,12 +88,18 @@ TEST_CASE("cli.bad_usage_exits_2") {
            {"report --contexts 0", "--contexts: Value 0 not in range 1 to"},
            {"report --profiles fp64,bf16,fp64", "--profiles: fp64 is given twice"},
            {"mutants --profiles bf16,bf16", "--profiles: bf16 is given twice"},
-           {"reference --threads 100000", "--threads: Value 100000 not in range 1 to 64"}}) {
+           {"reference --threads 100000", "--threads: Value 100000 not in range 1 to 64"},
+           {"report --seed -1", "--seed: Value -1 is not a whole number"},
+           // a full disk fails at close, not at open: it had exited 0 with the report lost
+           {"report --profiles bf16 -o /dev/full", "--output /dev/full: cannot be written"}}) {
     CAPTURE(args);
     const Run bad = run(args + " --preset tiny");
     CHECK(bad.code == 2);
     CHECK(bad.out.find(says) != std::string::npos);
   }
+  const Run junit = run("gate --junit /dev/full --shard 1/900");
+  CHECK(junit.code == 2);
+  CHECK(junit.out.find("--junit /dev/full: cannot be written") != std::string::npos);
 }
 
 TEST_CASE("cli.presets_lists_dims") {

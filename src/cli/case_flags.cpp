@@ -59,7 +59,15 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--scenario", f.scenario, "input distribution")
       ->check(CLI::IsMember(scenario_names()))
       ->capture_default_str();
-  app.add_option("--seed", f.seed, "generator seed")->capture_default_str();
+  app.add_option("--seed", f.seed, "generator seed, 0 to 2^64 - 1")
+      ->check(CLI::Validator(
+          [](std::string& v) {  // strtoull would take "-1" as 2^64 - 1
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "Value " + v + " is not a whole number from 0 to 2^64 - 1";
+          },
+          "UINT64"))
+      ->capture_default_str();
   app.add_option("--profile,--profiles", f.profiles,
                  "precision profiles, comma separated (fp64,fp32,bf16,fp16,fp8)")
       ->delimiter(',')

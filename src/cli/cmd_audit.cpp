@@ -62,7 +62,7 @@ Runner add_audit(CLI::App& app, const std::string&) {
     const AuditResult r =
         run_audit(cf, f->case_path, read_outputs(f->outputs_path), f->outputs_path, f->o);
     if (!f->junit.empty())
-      if (const int rc = write_output(audit_junit(r), f->junit)) return rc;
+      if (const int rc = write_output(audit_junit(r), f->junit, "--junit")) return rc;
     const std::string text = f->format == "json" ? audit_json(r) : audit_text(r, f->format == "md");
     if (const int rc = write_output(text, f->output)) return rc;
     return r.pass() ? 0 : 1;

@@ -70,7 +70,7 @@ Runner add_gate(CLI::App& app, const std::string& command_line) {
     const std::string how = "Made by " + provenance(command_line, f->threads) + ".";
     const std::string summary = fmt::format("{} passed, {} failed\n", r.passed(), r.failed());
     if (!f->junit.empty())
-      if (const int rc = write_output(junit_xml(r), f->junit)) return rc;
+      if (const int rc = write_output(junit_xml(r), f->junit, "--junit")) return rc;
     if (f->format == "json") {
       if (const int rc = write_output(results_json(r), f->output)) return rc;
       std::cerr << summary;

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -22,17 +24,24 @@
 
 namespace qkmla::cli {
 
-int write_output(const std::string& text, const std::string& path) {
+// Checked after the last byte: a full disk (or /dev/full) fails at flush or close, not at open.
+int write_output(const std::string& text, const std::string& path, const std::string& flag) {
   if (path.empty()) {
-    std::cout << text;
-    return 0;
-  }
-  std::ofstream o(path);
-  if (!o) {
-    std::cerr << "qkmla: --output " << path << ": cannot be written\n";
+    std::cout << text << std::flush;
+    if (std::cout) return 0;
+    std::cerr << "qkmla: standard output cannot be written (" << std::strerror(errno) << ")\n";
     return 2;
   }
-  o << text;
+  std::ofstream o(path);
+  if (o) {
+    o << text;
+    o.close();
+  }
+  if (!o) {
+    std::cerr << "qkmla: " << flag << " " << path << ": cannot be written (" << std::strerror(errno)
+              << ")\n";
+    return 2;
+  }
   return 0;
 }
 

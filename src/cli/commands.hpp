@@ -20,6 +20,7 @@ Runner add_converge(CLI::App& app, const std::string& command_line);
 Runner add_bench(CLI::App& app, const std::string& command_line);
 
 // Writes text to path, or to stdout when path is empty. 0, or 2 when the file cannot be written.
-int write_output(const std::string& text, const std::string& path);
+int write_output(const std::string& text, const std::string& path,
+                 const std::string& flag = "--output");
 
 }  // namespace qkmla::cli
