@@ -63,15 +63,23 @@ TEST_CASE("report.contexts.one_column_per_context_one_line_per_implementation") 
 TEST_CASE("cli.report.contexts") {
   const auto dir = std::filesystem::temp_directory_path() / "qkmla-contexts-test";
   std::filesystem::create_directories(dir);
-  const std::string plot = (dir / "ctx.svg").string();
+  // A name with a space and a single quote reaches gnuplot as it is (a shell-quoting bug had
+  // made gnuplot fail on it).
+  const std::string plot = (dir / "ctx it's.svg").string();
+  std::string quoted = "'";
+  for (char c : plot) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   const test::Run r =
-      test::run("report --preset tiny --contexts 24,6 --profile fp16 --plot " + plot);
+      test::run("report --preset tiny --contexts 24,6 --profile fp16 --plot " + quoted + "'");
   CAPTURE(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("contexts [6,24]") != std::string::npos);  // sorted
   CHECK(r.out.find("rel_l2 @6") != std::string::npos);
-  for (const char* f : {"ctx-fp16-rel_l2.svg", "ctx-fp16-max_ulp.svg"})
+  for (const char* f : {"ctx it's-fp16-rel_l2.svg", "ctx it's-fp16-max_ulp.svg"})
     CHECK(std::filesystem::file_size(dir / f) > 1000);
+  const test::Run missing =
+      test::run("report --preset tiny --profile fp16 --plot /nonexistent-qkmla-dir/x.svg");
+  CHECK(missing.code == 2);
+  CHECK(missing.out.find("cannot write beside it") != std::string::npos);
   // Formats the sweep does not print, and a context that is not a positive count: exit 2.
   CHECK(test::run("report --preset tiny --contexts 8 --format html").code == 2);
   CHECK(test::run("report --preset tiny --contexts 8,0").code == 2);

@@ -1,9 +1,12 @@
 #include "render/plot.hpp"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 namespace qkmla {
@@ -12,6 +15,12 @@ namespace {
 std::string quoted(const std::string& s) {  // a gnuplot single-quoted string
   std::string o = "'";
   for (char c : s) o += c == '\'' ? std::string("''") : std::string(1, c);
+  return o + "'";
+}
+// A POSIX shell single-quoted word: the path reaches gnuplot as it is, whatever it holds.
+std::string shell_quoted(const std::string& s) {
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return o + "'";
 }
 }  // namespace
@@ -25,6 +34,12 @@ std::string write_svg(const Plot& p, const std::string& svg) {
       for (const auto& [x, y] : s.points)
         d << fmt::format("{:.17g} {:.17g}\n", x, y > 0 || !p.log_y ? y : 1e-300);
       d << "\n\n";
+    }
+    d.close();
+    if (!d) {  // the folder is missing or not writable: say so, not "gnuplot failed"
+      const std::string why = std::strerror(errno);
+      std::remove(data.c_str());
+      return "cannot write beside it (" + data + ": " + why + ")";
     }
   }
   std::ofstream g(script);
@@ -47,10 +62,13 @@ std::string write_svg(const Plot& p, const std::string& svg) {
       << (p.series[i].dashed ? " dashtype 2" : "") << " title " << quoted(p.series[i].name);
   g << "\n";
   g.close();
-  const int rc = std::system(("gnuplot '" + script + "' 2>/dev/null").c_str());
+  const int rc = std::system(("gnuplot " + shell_quoted(script) + " 2>/dev/null").c_str());
   std::remove(data.c_str());
   std::remove(script.c_str());
-  return rc == 0 ? "" : "gnuplot failed or is missing (install it: apt-get install gnuplot-nox)";
+  if (rc == 0) return "";
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127)
+    return "gnuplot is missing (install it: apt-get install gnuplot-nox)";
+  return "gnuplot failed to draw it";
 }
 
 }  // namespace qkmla
