@@ -68,3 +68,10 @@ def test_bad_arrays_are_refused():
     case = qkmla.golden(preset="tiny", profile="bf16", seqlens=[9])
     with pytest.raises(qkmla.QkmlaError, match="shape"):
         qkmla.audit(case, out=case.ref["out"][..., :3].astype("float32"))
+    # An integer output has no rounding format to judge it by: refused, naming the tensor (it
+    # had surfaced an internal "format_of" message).
+    with pytest.raises(qkmla.QkmlaError, match="out: dtype I32"):
+        qkmla.audit(case, out=case.ref["out"].astype("int32"))
+    # A wrong argument is a QkmlaError naming it (it had been pybind11's "Unable to cast").
+    with pytest.raises(qkmla.QkmlaError, match="seed=-1"):
+        qkmla.golden(preset="tiny", seed=-1)

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "qkmla/qkmla.hpp"
 
@@ -35,9 +36,22 @@ std::map<std::string, Array> arrays(const py::dict& d) {
   return m;
 }
 
+// An argument of the wrong type or range (seed=-1, heads="4") is a QkmlaError naming it, not
+// pybind11's "Unable to cast Python instance" RuntimeError.
 template <class T>
 void take(const py::dict& d, const char* key, T& field) {
-  if (d.contains(key) && !d[key].is_none()) field = d[key].cast<T>();
+  if (!d.contains(key) || d[key].is_none()) return;
+  try {
+    field = d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    std::string want = "a value of another type";
+    if constexpr (std::is_same_v<T, uint64_t>)
+      want = "a whole number from 0 to 2^64 - 1";
+    else if constexpr (std::is_integral_v<T> || std::is_same_v<T, std::optional<int>>)
+      want = "an integer";
+    throw std::invalid_argument(std::string(key) + "=" + py::repr(d[key]).cast<std::string>() +
+                                ": expected " + want);
+  }
 }
 
 qkmla::api::CaseOptions case_options(const py::dict& d) {

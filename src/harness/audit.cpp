@@ -84,6 +84,10 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
       throw InputError(
           outputs_path, name,
           "shape " + shape_str(x.shape) + " does not match the case's " + shape_str(y.shape));
+    if (x.dtype == DType::I32)  // no rounding format to judge it by
+      throw InputError(outputs_path, name,
+                       "dtype I32: an output is a floating-point tensor (F64, F32, F16, BF16 or "
+                       "F8_E4M3)");
     if (name == "lse") convert_lse(x, y, o);
     delivered[name] = x.dtype;
   }
