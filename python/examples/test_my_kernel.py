@@ -8,6 +8,7 @@ Run: pytest python/examples/test_my_kernel.py (with `pip install ./python` done)
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import qkmla
@@ -75,3 +76,8 @@ def test_bad_arrays_are_refused():
     # A wrong argument is a QkmlaError naming it (it had been pybind11's "Unable to cast").
     with pytest.raises(qkmla.QkmlaError, match="seed=-1"):
         qkmla.golden(preset="tiny", seed=-1)
+    # Bad inputs name the caller's arrays (<inputs>), the tensor and the index.
+    bad = {k: np.array(v) for k, v in case.inputs.items()}
+    bad["w_uk"][0, 0] = np.nan
+    with pytest.raises(qkmla.QkmlaError, match="<inputs>: w_uk: non-finite value at flat index 0"):
+        qkmla.golden(inputs=bad)
