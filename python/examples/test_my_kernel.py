@@ -81,3 +81,20 @@ def test_bad_arrays_are_refused():
     bad["w_uk"][0, 0] = np.nan
     with pytest.raises(qkmla.QkmlaError, match="<inputs>: w_uk: non-finite value at flat index 0"):
         qkmla.golden(inputs=bad)
+
+
+def test_inputs_from_several_threads_at_once():
+    # golden() releases the GIL: concurrent calls must not share a temporary file.
+    from concurrent.futures import ThreadPoolExecutor
+    base = qkmla.golden(preset="tiny", profile="fp32", seqlens=[9])
+    variants = []
+    for s in range(4):
+        x = {k: np.array(v) for k, v in base.inputs.items()}
+        x["q_nope"] = (x["q_nope"] * (1 + s / 4)).astype(x["q_nope"].dtype)
+        variants.append(x)
+    with ThreadPoolExecutor(4) as pool:
+        cases = list(pool.map(lambda x: qkmla.golden(inputs=x), variants))
+    alone = [qkmla.golden(inputs=x) for x in variants]
+    for got, want in zip(cases, alone):
+        assert (got.ref["out"] == want.ref["out"]).all()
+    assert not (cases[0].ref["out"] == cases[3].ref["out"]).all()

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <stdexcept>
 
@@ -101,9 +102,11 @@ MlaConfig config_of(const CaseOptions& o) {
 InputsCase from_inputs(const CaseOptions& o) {
   SafetensorsFile f;
   for (const auto& [name, a] : o.inputs) f.tensors[name] = to_tensor(name, a);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("qkmla-inputs-" + std::to_string(::getpid()) + ".safetensors"))
-                               .string();
+  static std::atomic<uint64_t> calls{0};  // callers may run at once (Python releases the GIL)
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("qkmla-inputs-" + std::to_string(::getpid()) +
+                                                 "-" + std::to_string(calls++) + ".safetensors"))
+          .string();
   write_safetensors(path, f);
   struct Remove {
     std::string p;
