@@ -24,6 +24,9 @@ TEST_CASE("judge.design.parse_and_print_round_trip") {
   CHECK_THROWS_AS(parse_design("gains=yes", Profile::BF16, Form::Absorbed), ConfigError);
   CHECK_THROWS_AS(parse_design("q_latent=fp8", Profile::BF16, Form::Absorbed), ConfigError);
   CHECK_THROWS_AS(parse_design("softmax=fp32", Profile::BF16, Form::Absorbed), ConfigError);
+  // An unknown point is named as such whatever its value (it had been "unknown format '1'").
+  CHECK_THROWS_WITH(parse_design("q_latent=bf16,zz=1", Profile::BF16, Form::Absorbed),
+                    doctest::Contains("design.zz: unknown rounding point"));
   CHECK_THROWS_AS(parse_design("q_latent", Profile::BF16, Form::Absorbed), ConfigError);
 }
 

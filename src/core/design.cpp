@@ -88,28 +88,20 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.gains_merged = v == "merged";
       continue;
     }
-    const DType x = parse_dtype_word(k, v, p);
-    if (k == "q_latent" || k == "q")
-      d.q = x;
-    else if (k == "rope")
-      d.rope = x;
-    else if (k == "kv")
-      d.kv = x;
-    else if (k == "rope_key")
-      d.rope_key = x;
-    else if (k == "alpha_k")
-      d.alpha_k = x;
-    else if (k == "p")
-      d.p = x;
-    else if (k == "latent_out")
-      d.latent_out = x;
-    else if (k == "out")
-      d.out = x;
-    else
+    DType Design::*const point = k == "q_latent" || k == "q" ? &Design::q
+                                 : k == "rope"               ? &Design::rope
+                                 : k == "kv"                 ? &Design::kv
+                                 : k == "rope_key"           ? &Design::rope_key
+                                 : k == "alpha_k"            ? &Design::alpha_k
+                                 : k == "p"                  ? &Design::p
+                                 : k == "latent_out"         ? &Design::latent_out
+                                 : k == "out"                ? &Design::out
+                                                             : nullptr;
+    if (!point)  // the key first: "zz=1" is an unknown point, not an unknown format
       throw ConfigError("design." + k,
                         "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
-                        "latent_out, out, "
-                        "gains)");
+                        "latent_out, out, gains)");
+    d.*point = parse_dtype_word(k, v, p);
   }
   return d;
 }
