@@ -149,3 +149,26 @@ impls = ["cpu.absorbed", "cpu.absorbed.alpha_q_folded", "cpu.absorbed.q_normed_f
   CHECK(r.failed() == 0);
   CHECK(r.passed() > 2000 * 4);
 }
+
+// A gate config that would judge nothing, or the same jobs twice, is refused before it runs: each
+// of these had passed (a typo in impls judged only the reference: "1 passed, 0 failed").
+TEST_CASE("gate.config_that_would_judge_nothing_or_twice_is_refused") {
+  const std::string head =
+      "[[entry]]\nname = \"x\"\npresets = [\"tiny\"]\nprofiles = [\"bf16\"]\nseqlens = [5]\n";
+  for (const auto& [extra, says] : std::vector<std::pair<std::string, std::string>>{
+           {"impls = [\"cpu.absorbd\"]\n", "entry[0].impls: 'cpu.absorbd' matches no"},
+           {"seeds = [-4]\n", "entry[0].seeds: -4 is negative"},
+           {"scenarios = [\"normal\", \"normal\"]\n", "entry[0].scenarios: names normal twice"},
+           {"scenarios = [\"noraml\"]\n", "unknown scenario 'noraml'"},
+           {"impls = [\"cpu.absorbed\"]\n" + head, "entry[1].name: 'x' names another entry"}}) {
+    CAPTURE(extra);
+    CHECK_THROWS_WITH_AS(run_gate(parse_gate_config_text(head + extra, "t.toml"), 1, 1, 1),
+                         doctest::Contains(says.c_str()), InputError);
+  }
+  // A pattern that matches only on some of the entry's cases is fine (gpu.model has no fp64).
+  const GateConfig ok = parse_gate_config_text(
+      "[[entry]]\npresets = [\"tiny\"]\nprofiles = [\"fp64\", \"bf16\"]\nseqlens = [5]\n"
+      "impls = [\"gpu.model\"]\n",
+      "ok.toml");
+  CHECK(run_gate(ok, 1, 1, 1).failed() == 0);
+}

@@ -1,10 +1,13 @@
 #include "gate/gate_config.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
+#include "core/generator.hpp"
 #include "core/presets.hpp"
 #include "io/safetensors.hpp"
 #include "io/toml_text.hpp"
@@ -28,6 +31,16 @@ std::vector<T> list(const std::string& path, const std::string& where, const tom
   }
   if (out.empty()) throw InputError(path, where + "." + key, "must not be empty");
   return out;
+}
+
+// A value named twice in one list would run (or judge) the same jobs twice, under one name.
+template <class T>
+void refuse_repeats(const std::string& path, const std::string& where, const char* key,
+                    const std::vector<T>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (v[i] == v[j])
+        throw InputError(path, where + "." + key, fmt::format("names {} twice", v[i]));
 }
 
 }  // namespace
@@ -54,6 +67,7 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
     if (!top.count(std::string(key.str())))
       throw InputError(path, std::string(key.str()), "unknown key");
   GateConfig c;
+  c.source = path;
   c.rule = default_rule();
   apply_budget_text(c.rule, text, path);  // baseline_k and [[budget]] live in the same file
   c.ref_bits = int(t["ref_bits"].value_or(int64_t(113)));
@@ -80,7 +94,10 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
     g.norms = list<std::string>(path, where, *e, "norms", {"blockwise"});
     g.rope_orders = list<std::string>(path, where, *e, "rope_orders", {"norm_then_rope"});
     g.impls = list<std::string>(path, where, *e, "impls", {"cpu.absorbed*"});
-    for (int64_t s : list<int64_t>(path, where, *e, "seeds", {1})) g.seeds.push_back(uint64_t(s));
+    for (int64_t s : list<int64_t>(path, where, *e, "seeds", {1})) {
+      if (s < 0) throw InputError(path, where + ".seeds", fmt::format("{} is negative", s));
+      g.seeds.push_back(uint64_t(s));
+    }
     for (int64_t s : list<int64_t>(path, where, *e, "seqlens", {0, 17, 40}))
       g.seqlens.push_back(int(s));
     g.sq = int((*e)["sq"].value_or(int64_t(1)));
@@ -88,6 +105,24 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
     if (expect != "pass" && expect != "fail")
       throw InputError(path, where + ".expect", "must be \"pass\" or \"fail\"");
     g.expect_pass = expect == "pass";
+    refuse_repeats(path, where, "presets", g.presets);
+    refuse_repeats(path, where, "scenarios", g.scenarios);
+    refuse_repeats(path, where, "profiles", g.profiles);
+    refuse_repeats(path, where, "norms", g.norms);
+    refuse_repeats(path, where, "rope_orders", g.rope_orders);
+    refuse_repeats(path, where, "impls", g.impls);
+    refuse_repeats(path, where, "seeds", g.seeds);
+    for (const GateEntry& other : c.entries)
+      if (other.name == g.name)
+        throw InputError(path, where + ".name",
+                         "'" + g.name + "' names another entry too (test names would collide)");
+    for (const auto& sc : g.scenarios) {
+      const auto& known = scenario_names();
+      if (std::find(known.begin(), known.end(), sc) == known.end())
+        throw InputError(
+            path, where + ".scenarios",
+            fmt::format("unknown scenario '{}' (known: {})", sc, fmt::join(known, ", ")));
+    }
     try {  // names are checked now, not halfway through a long run
       for (const auto& p : g.presets) find_preset(p);
       for (const auto& p : g.profiles) parse_profile(p);

@@ -19,6 +19,7 @@ struct GateEntry {
 };
 
 struct GateConfig {
+  std::string source;  // the file it came from (or the built-in default's name), for messages
   int ref_bits = 113;
   std::vector<std::string> tensors{"out", "lse", "alpha_k", "latent_out"};
   GateRule rule;

@@ -184,9 +184,34 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
 
 }  // namespace
 
+namespace {
+
+// An entry's pattern that names no implementation on any of its cases (a typo such as
+// "cpu.absorbd") would judge nothing and pass: refused before anything runs, in every shard.
+void require_patterns_match(const GateConfig& c, const std::vector<GateJob>& all) {
+  for (size_t e = 0; e < c.entries.size(); ++e)
+    for (const std::string& pattern : c.entries[e].impls) {
+      bool found = false;
+      for (size_t j = 0; j < all.size() && !found; ++j) {
+        if (all[j].entry != e) continue;
+        for (const ImplId& id : registered_ids(all[j].cfg, kGate)) found |= id_matches(pattern, id);
+        for (const auto& [id, why] : unavailable_ids(all[j].cfg, kGate))
+          found |= id_matches(pattern, id);
+      }
+      if (!found)
+        throw InputError(c.source, fmt::format("entry[{}].impls", e),
+                         "'" + pattern +
+                             "' matches no implementation the gate runs on this entry's cases "
+                             "(e.g. cpu.absorbed*, gpu.model*, mutant.*)");
+    }
+}
+
+}  // namespace
+
 GateResults run_gate(const GateConfig& c, int shard_k, int shard_n, int threads) {
   std::vector<GateJob> jobs;
   const std::vector<GateJob> all = expand_jobs(c);
+  require_patterns_match(c, all);
   for (size_t i = 0; i < all.size(); ++i)
     if (int(i % size_t(shard_n)) == shard_k - 1) jobs.push_back(all[i]);
   std::vector<Case> cases(jobs.size());
