@@ -115,12 +115,8 @@ InputsCase from_inputs(const CaseOptions& o) {
   try {
     return case_from_inputs({path, o.config_json.empty() ? "{}" : o.config_json, o.round_inputs});
   } catch (const InputError& e) {  // name the caller's arrays, not the temporary file
-    const std::string m = e.what();
-    if (m.rfind(path + ": ", 0) != 0) throw;
-    const std::string rest = m.substr(path.size() + 2);
-    const size_t colon = rest.find(": ");
-    if (colon == std::string::npos) throw;
-    throw InputError("<inputs>", rest.substr(0, colon), rest.substr(colon + 2));
+    if (e.file != path) throw;
+    throw InputError("<inputs>", e.field, e.problem);
   }
 }
 

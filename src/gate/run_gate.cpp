@@ -182,28 +182,25 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // An entry's pattern that names no implementation on any of its cases (a typo such as
 // "cpu.absorbd") would judge nothing and pass: refused before anything runs, in every shard.
 void require_patterns_match(const GateConfig& c, const std::vector<GateJob>& all) {
+  std::vector<std::vector<char>> found(c.entries.size());  // [entry][pattern]
+  for (size_t e = 0; e < c.entries.size(); ++e) found[e].assign(c.entries[e].impls.size(), 0);
+  for (const GateJob& job : all) {  // each job's ids once, against every pattern of its entry
+    std::vector<ImplId> ids = registered_ids(job.cfg, kGate);
+    for (const auto& [id, why] : unavailable_ids(job.cfg, kGate)) ids.push_back(id);
+    const std::vector<std::string>& patterns = c.entries[job.entry].impls;
+    for (size_t p = 0; p < patterns.size(); ++p)
+      for (const ImplId& id : ids) found[job.entry][p] |= id_matches(patterns[p], id);
+  }
   for (size_t e = 0; e < c.entries.size(); ++e)
-    for (const std::string& pattern : c.entries[e].impls) {
-      bool found = false;
-      for (size_t j = 0; j < all.size() && !found; ++j) {
-        if (all[j].entry != e) continue;
-        for (const ImplId& id : registered_ids(all[j].cfg, kGate)) found |= id_matches(pattern, id);
-        for (const auto& [id, why] : unavailable_ids(all[j].cfg, kGate))
-          found |= id_matches(pattern, id);
-      }
-      if (!found)
+    for (size_t p = 0; p < found[e].size(); ++p)
+      if (!found[e][p])
         throw InputError(c.source, fmt::format("entry[{}].impls", e),
-                         "'" + pattern +
+                         "'" + c.entries[e].impls[p] +
                              "' matches no implementation the gate runs on this entry's cases "
                              "(e.g. cpu.absorbed*, gpu.model*, mutant.*)");
-    }
 }
 
 }  // namespace

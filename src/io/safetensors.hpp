@@ -12,7 +12,11 @@ namespace qkmla {
 // Bad input: names the file, the tensor (or header field) and the problem. Exit code 2.
 struct InputError : std::runtime_error {
   InputError(const std::string& file, const std::string& what, const std::string& problem)
-      : std::runtime_error(file + ": " + what + ": " + problem) {}
+      : std::runtime_error(file + ": " + what + ": " + problem),
+        file(file),
+        field(what),
+        problem(problem) {}
+  std::string file, field, problem;  // the parts, so a caller can rename the file it reports
 };
 
 struct SafetensorsFile {
