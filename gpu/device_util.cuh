@@ -78,32 +78,10 @@ DevBuf upload(const std::vector<T>& h) {
   return d;
 }
 
-// Upload fp32 values as the bits of format S (exact: each value is representable in S).
-template <Store S>
-DevBuf upload_as(const std::vector<float>& h) {
-  std::vector<typename Bits<S>::T> bits(h.size());
-  for (size_t i = 0; i < h.size(); ++i) bits[i] = Bits<S>::enc(h[i]);
-  return upload(bits);
-}
-
-// A device buffer of n elements of format S filled with NaN (e4m3 has a NaN code as well).
-template <Store S>
-DevBuf nan_buffer(size_t n) {
-  return upload_as<S>(std::vector<float>(n, qk_nan()));
-}
-
 template <class T>
 std::vector<T> download(const DevBuf& d, size_t n) {
   std::vector<T> h(n);
   if (n) QK_CUDA(cudaMemcpy(h.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-template <Store S>
-std::vector<float> download_as(const DevBuf& d, size_t n) {
-  const auto bits = download<typename Bits<S>::T>(d, n);
-  std::vector<float> h(n);
-  for (size_t i = 0; i < n; ++i) h[i] = Bits<S>::ld(bits[i]);
   return h;
 }
 

@@ -1,8 +1,13 @@
-// The CUDA kernels of the decode pipeline (C++17, CUDA only; no Eigen/Boost/fmt). Each kernel runs
-// the stages of stages.hpp from its thread mapping; model.cpp / model_append.cpp run the same
-// stages in the same order on the CPU (gpu.model.<profile>). Built with --fmad=false, no fast math.
+// The CUDA kernels of the decode pipeline (C++17; no Eigen/Boost/fmt). Each kernel runs the stages
+// of stages.hpp from its thread mapping; model.cpp / model_append.cpp run the same stages in the
+// same order on the CPU (gpu.model.<profile>). Built with --fmad=false, no fast math. Compiled as
+// host C++ as well, where the fiber emulator runs them unchanged (emulator.hpp, gpu.emulated).
 #pragma once
+#ifdef __CUDACC__
 #include <cuda_runtime.h>
+#else
+#include "host_cuda.hpp"  // the CPU emulator (emulated_pipeline.cpp)
+#endif
 
 #include <cstdint>
 
