@@ -23,13 +23,15 @@ namespace {
 constexpr size_t kStackBytes = 256 * 1024;  // per thread; the kernels' frames are a few KB
 constexpr unsigned kWarp = 32;
 
-enum class State { Runnable, AtBarrier, AtShuffle, Exited };
+enum class State { Runnable, AtBarrier, AtWarpOp, Exited };
+enum class WarpOp { Shuffle, Sync };
 
 struct Fiber {
   ucontext_t ctx{};
   std::unique_ptr<char[]> stack;
   Dim3 tid;
   State state = State::Runnable;
+  WarpOp op = WarpOp::Shuffle;
   unsigned mask = 0;
   int lane_mask = 0;
   float value = 0, result = 0;
@@ -118,19 +120,23 @@ void start_fiber(Launch& L, Fiber& f, unsigned linear) {
   makecontext(&f.ctx, fiber_entry, 0);
 }
 
-// Exchanges the values of warps whose 32 lanes all wait in a shuffle. Returns whether any did.
+// Completes the warp operation (a shuffle's exchange, a __syncwarp) of every warp whose 32 lanes all
+// wait in one. Returns whether any did.
 bool resolve_shuffles(Launch& L) {
   bool any = false;
   for (size_t w = 0; w * kWarp < L.fibers.size(); ++w) {
     Fiber* lanes = &L.fibers[w * kWarp];
     const size_t n = std::min<size_t>(kWarp, L.fibers.size() - w * kWarp);
     const size_t waiting = size_t(std::count_if(
-        lanes, lanes + n, [](const Fiber& f) { return f.state == State::AtShuffle; }));
+        lanes, lanes + n, [](const Fiber& f) { return f.state == State::AtWarpOp; }));
     if (waiting == 0 || waiting < n) continue;
     for (size_t l = 0; l < n; ++l) {
       if (n < kWarp || lanes[l].mask != 0xffffffffu)
         throw KernelFault("emulator: " + where(L, lanes[l]) +
-                          ": __shfl_xor_sync needs all 32 lanes (mask 0xffffffff, whole warps)");
+                          ": warp operations need all 32 lanes (mask 0xffffffff, whole warps)");
+      if (lanes[l].op != lanes[0].op)
+        throw KernelFault("emulator: " + where(L, lanes[l]) +
+                          ": lanes of one warp wait in different warp operations");
       if (lanes[l].lane_mask != lanes[0].lane_mask)
         throw KernelFault("emulator: " + where(L, lanes[l]) +
                           ": lanes of one warp shuffle with different offsets");
@@ -150,10 +156,10 @@ void open_barrier_or_fault(Launch& L) {
   for (const Fiber& f : L.fibers)
     if (f.state == State::AtBarrier) waiting = &f;
   for (const Fiber& f : L.fibers) {
-    if (f.state == State::AtShuffle)
+    if (f.state == State::AtWarpOp)
       throw KernelFault("emulator: " + where(L, f) +
-                        " waits in a warp shuffle that a lane of its " +
-                        "warp never reaches (it exited or waits at __syncthreads)");
+                        " waits in a warp shuffle or __syncwarp that a lane of its warp never " +
+                        "reaches (it exited or waits at __syncthreads)");
     if (f.state == State::Exited)
       throw KernelFault("emulator: " + where(L, f) + " exited while " + where(L, *waiting) +
                         " waits at __syncthreads (divergent barrier)");
@@ -222,16 +228,24 @@ void syncthreads() {
   yield_to_scheduler(L, f);
 }
 
-float shfl_xor(unsigned mask, float v, int lane_mask) {
+namespace {
+float warp_op(WarpOp op, unsigned mask, float v, int lane_mask) {
   Launch& L = active();
   Fiber& f = *L.current;
+  f.op = op;
   f.mask = mask;
   f.lane_mask = lane_mask;
   f.value = v;
-  f.state = State::AtShuffle;
+  f.state = State::AtWarpOp;
   yield_to_scheduler(L, f);
   return f.result;
 }
+}  // namespace
+
+float shfl_xor(unsigned mask, float v, int lane_mask) {
+  return warp_op(WarpOp::Shuffle, mask, v, lane_mask);
+}
+void syncwarp(unsigned mask) { (void)warp_op(WarpOp::Sync, mask, 0.0f, 0); }
 
 std::string describe(const LaunchOptions& o) {
   switch (o.order) {

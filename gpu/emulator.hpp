@@ -6,8 +6,8 @@
 // What it checks (each a KernelFault naming the block, thread and place):
 //  - __syncthreads reached by some threads of a block while another has exited or waits in a
 //    shuffle (a divergent barrier: undefined behaviour on a device, often a hang);
-//  - a full-mask __shfl_xor_sync that not all 32 lanes of the warp reach, or with lanes that
-//    disagree on the mask or the offset;
+//  - a full-mask __shfl_xor_sync or __syncwarp that not all 32 lanes of the warp reach, or with
+//    lanes that disagree on the operation, the mask or the offset;
 //  - an exception thrown by a thread (the launch stops and rethrows it).
 // Threads run in a chosen order between synchronisation points (forward, reverse, or shuffled by a
 // seed): a kernel whose results depend on that order has a data race the barriers do not order.
@@ -52,6 +52,7 @@ const Dim3& grid_dim();
 
 void syncthreads();
 float shfl_xor(unsigned mask, float v, int lane_mask);
+void syncwarp(unsigned mask);
 
 std::string describe(const LaunchOptions& o);
 

@@ -24,6 +24,7 @@ inline void __syncthreads() { ::qkmla::gpu::emu::syncthreads(); }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
   return ::qkmla::gpu::emu::shfl_xor(mask, v, lane_mask);
 }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::qkmla::gpu::emu::syncwarp(mask); }
 // CUDA's integer min of device code.
 inline int min(int a, int b) { return b < a ? b : a; }
 

@@ -49,6 +49,13 @@ __device__ __forceinline__ float warp_tree(float v) {
   return v;
 }
 
+// The butterfly of tile_max (stages.hpp): a maximum under a total order, the same in every lane and
+// equal to the sequential one.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off >= 1; off >>= 1) v = tile_max(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 __device__ __forceinline__ size_t slot_of(const int* block_table, int max_pages, int b, int t) {
   return size_t(block_table[size_t(b) * max_pages + size_t(t / kPage)]) * kPage + size_t(t % kPage);
 }

@@ -23,8 +23,8 @@ constexpr int kDecodeThreads = 256;
 constexpr int kValueCols = kMaxRank / kDecodeThreads;  // value columns per thread
 
 // One block per (sequence, split, row block). Per 64-token page (= tile): the 8 warps score the
-// page's tokens (lane partials + butterfly), 16 threads update the rows' online softmax, and every
-// thread updates its value columns of all 16 rows. Tokens at or past T_b are never loaded.
+// page's tokens (lane partials + butterfly), each warp updates the online softmax of two rows, and
+// every thread updates its value columns of all 16 rows. Tokens at or past T_b are never loaded.
 template <Store KS, Store D>
 __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a) {
   using KB = Bits<KS>;
@@ -95,10 +95,28 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
       }
     }
     __syncthreads();
-    if (tid < kRowsPerBlock && row_s[tid] >= 0) {  // K.5 online softmax, one thread per row
-      al_s[tid] = softmax_tile(st_s[tid], lg_s[tid], n, p_s[tid]);
-      if (a.kscale)
-        for (int tt = 0; tt < n; ++tt) p_s[tid][tt] = p_s[tid][tt] * a.kscale[base + tt];
+    // K.5 online softmax, a warp per row: the tile max by butterfly (tile_max is order-free), the
+    // exponentials by the lanes (two tokens each), and the sum by lane 0 in token order, so every
+    // row's state gets softmax_tile's bits. fp8 scales p after the sum (the value path reads codes).
+    for (int k = warp; k < kRowsPerBlock; k += kDecodeThreads / 32) {
+      if (row_s[k] < 0) continue;  // uniform over the warp
+      const float x0 = lane < n ? lg_s[k][lane] : -qk_inf();
+      const float x1 = lane + 32 < n ? lg_s[k][lane + 32] : -qk_inf();
+      const float m_new = tile_m_new(st_s[k], warp_max(tile_max(tile_max(-qk_inf(), x0), x1)));
+      const float p0 = tile_p(x0, m_new), p1 = tile_p(x1, m_new);
+      if (lane < n) p_s[k][lane] = p0;
+      if (lane + 32 < n) p_s[k][lane + 32] = p1;
+      __syncwarp();
+      if (lane == 0) {
+        float sum = 0.0f;
+        for (int tt = 0; tt < n; ++tt) sum += p_s[k][tt];
+        al_s[k] = tile_finish(st_s[k], m_new, sum);
+      }
+      __syncwarp();
+      if (a.kscale) {
+        if (lane < n) p_s[k][lane] = p0 * a.kscale[base + lane];
+        if (lane + 32 < n) p_s[k][lane + 32] = p1 * a.kscale[base + lane + 32];
+      }
     }
     __syncthreads();
     // K.6 value accumulation, tokens outer and rows inner: each value element is loaded once per

@@ -127,29 +127,43 @@ struct RowState {
 };
 QK_HD RowState row_start() { return {-qk_inf(), 0.0f}; }
 
-// K.5 one tile (n tokens in order) of one row: updates the state, writes p [n], returns the
-// factor alpha that rescales the row's accumulator. Masked logits (-inf) get p = 0; a NaN logit
-// propagates into l. The max never selects a NaN.
-QK_HD float softmax_tile(RowState& st, const float* logits, int n, float* p) {
-  float mt = -qk_inf();
-  for (int t = 0; t < n; ++t)
-    if (logits[t] > mt) mt = logits[t];
-  const float m_new = mt > st.m ? mt : st.m;
-  if (m_new == -qk_inf()) {  // nothing visible yet (the NaN check keeps NaN logits visible)
-    float nan_sum = 0.0f;
-    for (int t = 0; t < n; ++t) p[t] = qk_isnan(logits[t]) ? logits[t] : 0.0f, nan_sum += p[t];
-    st.l = st.l + nan_sum;
+// K.5 pieces, shared by the model's softmax_tile (one thread, in order) and the kernel's (a warp per
+// row: tile max by butterfly, p by the lanes, the sum by one lane in order).
+//
+// The tile max: the largest logit, never a NaN, and +0 above -0. That is a maximum under a total
+// order, so every reduction order (sequential here, a butterfly in the kernel) gives the same bits.
+QK_HD float tile_max(float a, float b) { return (b > a || (b == a && f2u(b) == 0u)) ? b : a; }
+QK_HD float tile_m_new(const RowState& st, float mt) { return mt > st.m ? mt : st.m; }
+// p of one logit: masked (-inf) logits get 0; while nothing is visible (m_new = -inf) a NaN logit
+// is kept as p, so it propagates into l.
+QK_HD float tile_p(float logit, float m_new) {
+  if (m_new == -qk_inf()) return qk_isnan(logit) ? logit : 0.0f;
+  return qk_exp(logit - m_new);
+}
+// Folds the tile's sum of p (sequential, in token order) into the state; returns alpha, the factor
+// that rescales the row's accumulator.
+QK_HD float tile_finish(RowState& st, float m_new, float sum) {
+  if (m_new == -qk_inf()) {
+    st.l = st.l + sum;
     return 1.0f;
   }
   const float alpha = qk_exp(st.m - m_new);
-  float sum = 0.0f;
-  for (int t = 0; t < n; ++t) {
-    p[t] = qk_exp(logits[t] - m_new);
-    sum += p[t];
-  }
   st.l = st.l * alpha + sum;
   st.m = m_new;
   return alpha;
+}
+
+// K.5 one tile (n tokens in order) of one row: updates the state, writes p [n], returns alpha.
+QK_HD float softmax_tile(RowState& st, const float* logits, int n, float* p) {
+  float mt = -qk_inf();
+  for (int t = 0; t < n; ++t) mt = tile_max(mt, logits[t]);
+  const float m_new = tile_m_new(st, mt);
+  float sum = 0.0f;
+  for (int t = 0; t < n; ++t) {
+    p[t] = tile_p(logits[t], m_new);
+    sum += p[t];
+  }
+  return tile_finish(st, m_new, sum);
 }
 
 // K.6 one accumulator element over a tile: acc * alpha + sum_t p[t] * c[t] (sequential fma in
