@@ -120,15 +120,15 @@ void start_fiber(Launch& L, Fiber& f, unsigned linear) {
   makecontext(&f.ctx, fiber_entry, 0);
 }
 
-// Completes the warp operation (a shuffle's exchange, a __syncwarp) of every warp whose 32 lanes all
-// wait in one. Returns whether any did.
+// Completes the warp operation (a shuffle's exchange, a __syncwarp) of every warp whose 32 lanes
+// all wait in one. Returns whether any did.
 bool resolve_shuffles(Launch& L) {
   bool any = false;
   for (size_t w = 0; w * kWarp < L.fibers.size(); ++w) {
     Fiber* lanes = &L.fibers[w * kWarp];
     const size_t n = std::min<size_t>(kWarp, L.fibers.size() - w * kWarp);
-    const size_t waiting = size_t(std::count_if(
-        lanes, lanes + n, [](const Fiber& f) { return f.state == State::AtWarpOp; }));
+    const size_t waiting = size_t(
+        std::count_if(lanes, lanes + n, [](const Fiber& f) { return f.state == State::AtWarpOp; }));
     if (waiting == 0 || waiting < n) continue;
     for (size_t l = 0; l < n; ++l) {
       if (n < kWarp || lanes[l].mask != 0xffffffffu)

@@ -21,6 +21,7 @@ struct DecodeArgs {
 
 constexpr int kDecodeThreads = 256;
 constexpr int kValueCols = kMaxRank / kDecodeThreads;  // value columns per thread
+constexpr int kTokensPerPass = 2;  // tokens a warp scores per pass of the score loop (K.4)
 
 // One block per (sequence, split, row block). Per 64-token page (= tile): the 8 warps score the
 // page's tokens (lane partials + butterfly), each warp updates the online softmax of two rows, and
@@ -68,36 +69,53 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
   for (int page = p0; page < p1; ++page) {
     const size_t base = size_t(a.block_table[size_t(b) * a.max_pages + page]) * kPage;
     const int t0 = page * kPage, n = min(kPage, T - t0);
-    for (int tt = warp; tt < n; tt += kDecodeThreads / 32) {  // K.4 scores
-      const size_t slot = base + size_t(tt);
-      const auto* krow = kc + (slot * a.kgroups + kg) * a.n_k;
-      float kreg[kMaxRank / 32], rreg[kMaxRope / 32];
+    // K.4 scores, kTokensPerPass tokens per warp pass: each query element loaded from shared memory
+    // serves all of them, and each token's lane chain is lane_partial's (lane_partials), so every
+    // logit keeps its bits. nt is uniform over the warp, as the shuffles in warp_tree need.
+    for (int t1 = warp * kTokensPerPass; t1 < n; t1 += kTokensPerPass * (kDecodeThreads / 32)) {
+      const int nt = min(kTokensPerPass, n - t1);
+      float kreg[kTokensPerPass][kMaxRank / 32], rreg[kTokensPerPass][kMaxRope / 32];
 #pragma unroll
-      for (int m = 0; m < kMaxRank / 32; ++m)
-        kreg[m] = lane + 32 * m < a.n_k ? KB::ld(krow[lane + 32 * m]) : 0.0f;
+      for (int u = 0; u < kTokensPerPass; ++u) {
+        const size_t slot = base + size_t(t1 + (u < nt ? u : 0));  // past the page: never used
+        const auto* krow = kc + (slot * a.kgroups + kg) * a.n_k;
 #pragma unroll
-      for (int m = 0; m < kMaxRope / 32; ++m)
-        rreg[m] = lane + 32 * m < d.d_r ? DB::ld(kr[slot * d.d_r + lane + 32 * m]) : 0.0f;
+        for (int m = 0; m < kMaxRank / 32; ++m)
+          kreg[u][m] = lane + 32 * m < a.n_k ? KB::ld(krow[lane + 32 * m]) : 0.0f;
+#pragma unroll
+        for (int m = 0; m < kMaxRope / 32; ++m)
+          rreg[u][m] = lane + 32 * m < d.d_r ? DB::ld(kr[slot * d.d_r + lane + 32 * m]) : 0.0f;
+      }
       for (int k = 0; k < kRowsPerBlock; ++k) {
         const int row = row_s[k];
         if (row < 0) continue;
-        float lat = warp_tree(lane_partial<kMaxRank / 32>(
-            [&](int j) { return q_s[k][j]; }, [&](int m) { return kreg[m]; }, a.n_k, lane));
-        if (a.kscale) lat = lat * a.kscale[slot];
-        const float rope = warp_tree(lane_partial<kMaxRope / 32>(
-            [&](int j) { return qr_s[k][j]; }, [&](int m) { return rreg[m]; }, d.d_r, lane));
-        if (lane == 0) {
-          const int i = row / d.H, h = row % d.H;
-          const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
-          const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
-          lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, lat, rope) : -qk_inf();
+        float lp[kTokensPerPass], rp[kTokensPerPass];
+        lane_partials<kMaxRank / 32>([&](int j) { return q_s[k][j]; },
+                                     [&](int u, int m) { return kreg[u][m]; }, a.n_k, lane, lp);
+        lane_partials<kMaxRope / 32>([&](int j) { return qr_s[k][j]; },
+                                     [&](int u, int m) { return rreg[u][m]; }, d.d_r, lane, rp);
+#pragma unroll
+        for (int u = 0; u < kTokensPerPass; ++u) {
+          if (u >= nt) continue;
+          const int tt = t1 + u;
+          const size_t slot = base + size_t(tt);
+          float lat = warp_tree(lp[u]);
+          if (a.kscale) lat = lat * a.kscale[slot];
+          const float rope = warp_tree(rp[u]);
+          if (lane == 0) {
+            const int i = row / d.H, h = row % d.H;
+            const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
+            const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
+            lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, lat, rope) : -qk_inf();
+          }
         }
       }
     }
     __syncthreads();
     // K.5 online softmax, a warp per row: the tile max by butterfly (tile_max is order-free), the
     // exponentials by the lanes (two tokens each), and the sum by lane 0 in token order, so every
-    // row's state gets softmax_tile's bits. fp8 scales p after the sum (the value path reads codes).
+    // row's state gets softmax_tile's bits. fp8 scales p after the sum (the value path reads
+    // codes).
     for (int k = warp; k < kRowsPerBlock; k += kDecodeThreads / 32) {
       if (row_s[k] < 0) continue;  // uniform over the warp
       const float x0 = lane < n ? lg_s[k][lane] : -qk_inf();

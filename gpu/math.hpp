@@ -190,6 +190,24 @@ QK_HD float lane_partial(const LoadA& a, const LoadB& b, int n, int lane) {
   return s;
 }
 
+// lane_partial for N dot products that share the operand a (one query row against N keys): each
+// s[u] is lane_partial(a, b(u, .))'s chain, the same fmaf in the same order; one load of a(j)
+// serves all N (the decode kernel's score pass over several tokens).
+template <int MaxPerLane, int N, class LoadA, class LoadB>
+QK_HD void lane_partials(const LoadA& a, const LoadB& b, int n, int lane, float (&s)[N]) {
+  QK_UNROLL
+  for (int u = 0; u < N; ++u) s[u] = 0.0f;
+  QK_UNROLL
+  for (int m = 0; m < MaxPerLane; ++m) {
+    const int j = lane + 32 * m;
+    if (j < n) {
+      const float x = a(j);
+      QK_UNROLL
+      for (int u = 0; u < N; ++u) s[u] = fmaf(x, b(u, m), s[u]);
+    }
+  }
+}
+
 // The warp reduction order: round k adds lane l + off into lane l, off = 16, 8, 4, 2, 1. The
 // device's xor butterfly (v + shfl_xor(v, off)) computes the same sums in every lane (fp addition
 // is commutative), so lane 0 of the device holds exactly tree32's result.

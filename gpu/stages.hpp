@@ -127,8 +127,8 @@ struct RowState {
 };
 QK_HD RowState row_start() { return {-qk_inf(), 0.0f}; }
 
-// K.5 pieces, shared by the model's softmax_tile (one thread, in order) and the kernel's (a warp per
-// row: tile max by butterfly, p by the lanes, the sum by one lane in order).
+// K.5 pieces, shared by the model's softmax_tile (one thread, in order) and the kernel's (a warp
+// per row: tile max by butterfly, p by the lanes, the sum by one lane in order).
 //
 // The tile max: the largest logit, never a NaN, and +0 above -0. That is a maximum under a total
 // order, so every reduction order (sequential here, a butterfly in the kernel) gives the same bits.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "gpu/math.hpp"
@@ -99,5 +100,34 @@ TEST_CASE("gpu.math.tree32_is_the_warp_butterfly") {
     }
     const float t = tree32(tree);
     for (int l = 0; l < 32; ++l) REQUIRE(f2u(lanes[l]) == f2u(t));
+  }
+}
+
+TEST_CASE("gpu.math.lane_partials_are_lane_partial_chains") {
+  // The decode kernel scores two tokens per warp pass with lane_partials; the model scores one at a
+  // time with lane_partial. Each of the N chains must be the single chain, bit for bit, for every
+  // lane and every length (including lengths that leave lanes short).
+  std::mt19937_64 g(4242);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + int(g() % 512);
+    std::vector<float> q(512), k0(512), k1(512), k2(512);
+    for (size_t j = 0; j < 512; ++j) {
+      q[j] = float(int(g() % 2001) - 1000) / 9.0f;
+      k0[j] = float(int(g() % 2001) - 1000) / 7.0f;
+      k1[j] = random_float(g) * 1e-30f;
+      k2[j] = float(int(g() % 2001) - 1000) / 3.0f;
+    }
+    const std::vector<float>* ks[3] = {&k0, &k1, &k2};
+    for (int lane = 0; lane < 32; ++lane) {
+      float s[3];
+      lane_partials<16>([&](int j) { return q[size_t(j)]; },
+                        [&](int u, int m) { return (*ks[u])[size_t(lane + 32 * m)]; }, n, lane, s);
+      for (int u = 0; u < 3; ++u) {
+        const float one =
+            lane_partial<16>([&](int j) { return q[size_t(j)]; },
+                             [&](int m) { return (*ks[u])[size_t(lane + 32 * m)]; }, n, lane);
+        REQUIRE(f2u(s[u]) == f2u(one));
+      }
+    }
   }
 }
