@@ -152,18 +152,18 @@ bool resolve_shuffles(Launch& L) {
 
 // Called when no thread can run: opens the barrier, or names the fault.
 void open_barrier_or_fault(Launch& L) {
-  const Fiber* waiting = nullptr;
   for (const Fiber& f : L.fibers)
-    if (f.state == State::AtBarrier) waiting = &f;
-  for (const Fiber& f : L.fibers) {
     if (f.state == State::AtWarpOp)
       throw KernelFault("emulator: " + where(L, f) +
                         " waits in a warp shuffle or __syncwarp that a lane of its warp never " +
                         "reaches (it exited or waits at __syncthreads)");
+  // No thread runs, none waits in a warp operation and not all exited: some wait at the barrier.
+  const auto waiting = std::find_if(L.fibers.begin(), L.fibers.end(),
+                                    [](const Fiber& f) { return f.state == State::AtBarrier; });
+  for (const Fiber& f : L.fibers)
     if (f.state == State::Exited)
       throw KernelFault("emulator: " + where(L, f) + " exited while " + where(L, *waiting) +
                         " waits at __syncthreads (divergent barrier)");
-  }
   for (Fiber& f : L.fibers) f.state = State::Runnable;
 }
 

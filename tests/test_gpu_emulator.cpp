@@ -105,6 +105,19 @@ TEST_CASE("gpu.emulator.divergent_barrier_and_partial_warp_shuffle_are_faults") 
                                        (void)__shfl_xor_sync(0xffffffffu, 1.0f, 1);
                                    }),
                        doctest::Contains("never reaches"), emu::KernelFault);
+  CHECK_THROWS_WITH_AS(emu::launch(dim3(1), dim3(64),
+                                   [] {  // lane 0 exits, lanes 1-31 wait
+                                     if (threadIdx.x > 0) __syncwarp();
+                                   }),
+                       doctest::Contains("never reaches"), emu::KernelFault);
+  CHECK_THROWS_WITH_AS(emu::launch(dim3(1), dim3(32),
+                                   [] {
+                                     if (threadIdx.x == 0)
+                                       __syncwarp();
+                                     else
+                                       (void)__shfl_xor_sync(0xffffffffu, 1.0f, 1);
+                                   }),
+                       doctest::Contains("different warp operations"), emu::KernelFault);
   CHECK_THROWS_WITH_AS(
       emu::launch(dim3(1), dim3(32),
                   [] { (void)__shfl_xor_sync(0xffffffffu, 1.0f, threadIdx.x < 8 ? 1 : 2); }),
