@@ -102,14 +102,24 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
           float lat = warp_tree(lp[u]);
           if (a.kscale) lat = lat * a.kscale[slot];
           const float rope = warp_tree(rp[u]);
-          if (lane == 0) {
-            const int i = row / d.H, h = row % d.H;
-            const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
-            const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
-            lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, lat, rope) : -qk_inf();
+          if (lane == 0) {  // the logit pass below forms the logit
+            p_s[k][tt] = lat;
+            lg_s[k][tt] = rope;
           }
         }
       }
+    }
+    __syncthreads();
+    // The tile's logits, one (row, token) per thread: the same logit() of the same values, off the
+    // score loop's single lane (and its registers). Each thread reads and writes only its element.
+    for (int e = tid; e < kRowsPerBlock * n; e += kDecodeThreads) {
+      const int k = e / n, tt = e % n, row = row_s[k];
+      if (row < 0) continue;
+      const int i = row / d.H, h = row % d.H;
+      const size_t slot = base + size_t(tt);
+      const bool visible = token_visible(d.causal, T, d.S_q, i, t0 + tt);
+      const float ak = a.qk_norm ? a.alpha_k[slot * d.G + d.group_of(h)] : 1.0f;
+      lg_s[k][tt] = visible ? logit(d, a.qk_norm, aq_s[k], ak, p_s[k][tt], lg_s[k][tt]) : -qk_inf();
     }
     __syncthreads();
     // K.5 online softmax, a warp per row: the tile max by butterfly (tile_max is order-free), the
