@@ -97,8 +97,7 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
                           o_part.get<float>(),
                           lse_part.get<float>()};
       decode_kernel<Store::BF16, Store::BF16>
-          <<<dim3(unsigned(d.B), unsigned(plan.max_splits), unsigned(rb.count)), kDecodeThreads>>>(
-              da);
+          <<<decode_grid(d.B, plan.max_splits, rb.count), kDecodeThreads>>>(da);
       combine_kernel<><<<unsigned(BR), 128>>>(CombineArgs{
           R, d.r, plan.pages_per_split, plan.max_splits, seq.get<int>(), o_part.get<float>(),
           lse_part.get<float>(), latent.get<float>(), lse.get<float>()});

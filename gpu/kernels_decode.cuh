@@ -23,6 +23,13 @@ constexpr int kDecodeThreads = 256;
 constexpr int kValueCols = kMaxRank / kDecodeThreads;  // value columns per thread
 constexpr int kTokensPerPass = 2;  // tokens a warp scores per pass of the score loop (K.4)
 
+// The decode grid: x = row block, y = split, z = sequence. The row blocks of one (sequence, split)
+// are adjacent in launch order, so they run together and the cache pages they all read come from
+// HBM once and from L2 after (S_q = 4 at H = 16: four row blocks per split).
+inline dim3 decode_grid(int batch, int max_splits, int row_blocks) {
+  return dim3(unsigned(row_blocks), unsigned(max_splits), unsigned(batch));
+}
+
 // One block per (sequence, split, row block). Per 64-token page (= tile): the 8 warps score the
 // page's tokens (lane partials + butterfly), each warp updates the online softmax of two rows, and
 // every thread updates its value columns of all 16 rows. Tokens at or past T_b are never loaded.
@@ -36,7 +43,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
   __shared__ int row_s[kRowsPerBlock];
   __shared__ RowState st_s[kRowsPerBlock];
   const Dims& d = a.d;
-  const int b = blockIdx.x, s = blockIdx.y, blk = blockIdx.z, tid = threadIdx.x;
+  const int blk = blockIdx.x, s = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;  // decode_grid
   const int lane = tid & 31, warp = tid >> 5, R = d.S_q * d.H;
   const int T = a.seqlens[b], pages = (T + kPage - 1) / kPage;
   const int p0 = s * a.pages_per_split, p1 = min(p0 + a.pages_per_split, pages);

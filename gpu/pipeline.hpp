@@ -111,7 +111,7 @@ GpuOutputs run_pipeline(B& be, const GpuCase& c, const RunOptions& o) {
                         alpha_k.template get<float>(),
                         o_part.template get<float>(),
                         lse_part.template get<float>()};
-    const dim3 grid(unsigned(d.B), unsigned(plan.max_splits), unsigned(rb.count));
+    const dim3 grid = decode_grid(d.B, plan.max_splits, rb.count);
     if (ex)
       be.launch(decode_kernel<D, D>, grid, kDecodeThreads, da);
     else
