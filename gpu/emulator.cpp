@@ -1,6 +1,7 @@
-// The fiber scheduler of emulator.hpp. One block at a time: every live thread runs until it blocks
-// (at __syncthreads or a shuffle) or exits; then whole warps waiting in a shuffle exchange their
-// values, and when every thread waits at the barrier, the barrier opens. Anything else is a fault.
+// The fiber scheduler of emulator.hpp. One block at a time, in passes: every runnable thread runs,
+// in the pass's order, until it blocks (at __syncthreads or a warp operation) or exits, and hands
+// over to the next one directly; then whole warps waiting in a warp operation complete it, and when
+// every thread waits at the barrier, the barrier opens. Anything else is a fault.
 #include "emulator.hpp"
 
 #include <ucontext.h>
@@ -45,6 +46,8 @@ struct Launch {
   const std::function<void()>* body = nullptr;
   std::vector<Fiber> fibers;
   Fiber* current = nullptr;
+  std::vector<unsigned> order;  // this pass's thread order
+  size_t pos = 0;               // the running thread's position in it
   ucontext_t scheduler{};
   std::exception_ptr error;
 #ifdef QK_ASAN_FIBERS
@@ -66,22 +69,49 @@ std::string where(const Launch& L, const Fiber& f) {
          std::to_string(f.tid.y) + "," + std::to_string(f.tid.z) + ")";
 }
 
-// Fiber -> scheduler; returns when the scheduler resumes this fiber.
-void yield_to_scheduler(Launch& L, Fiber& f) {
+// The next thread of this pass that can run, after position L.pos of L.order; null when none.
+Fiber* next_in_pass(Launch& L) {
+  while (++L.pos < L.order.size()) {
+    Fiber& g = L.fibers[L.order[L.pos]];
+    if (g.state == State::Runnable) return &g;
+  }
+  return nullptr;
+}
+
+// Where a fiber goes when it blocks or exits: straight to the pass's next runnable thread (one
+// context switch per thread and pass), or back to the scheduler when the pass is over. `from` is
+// null for an exiting fiber (its stack is not resumed again).
+void pass_on(Launch& L, Fiber* from) {
+  Fiber* next = next_in_pass(L);
+  ucontext_t* to = next ? &next->ctx : &L.scheduler;
+  L.current = next;
 #ifdef QK_ASAN_FIBERS
-  __sanitizer_start_switch_fiber(&f.fake_stack, L.sched_bottom, L.sched_size);
+  __sanitizer_start_switch_fiber(from ? &from->fake_stack : nullptr,
+                                 next ? next->stack.get() : L.sched_bottom,
+                                 next ? kStackBytes : L.sched_size);
 #endif
-  swapcontext(&f.ctx, &L.scheduler);
+  if (!from) {
+    setcontext(to);
+    return;  // not reached
+  }
+  swapcontext(&from->ctx, to);
 #ifdef QK_ASAN_FIBERS
-  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+  __sanitizer_finish_switch_fiber(from->fake_stack, nullptr, nullptr);
 #endif
 }
+
+// A blocking fiber: returns when a later pass reaches it again.
+void block_here(Launch& L, Fiber& f) { pass_on(L, &f); }
 
 void fiber_entry() {
   Launch& L = *g_launch;
   Fiber& f = *L.current;
 #ifdef QK_ASAN_FIBERS
-  __sanitizer_finish_switch_fiber(nullptr, &L.sched_bottom, &L.sched_size);
+  // The launch's first fiber is always entered from the scheduler: that gives its stack.
+  const void* from_bottom = nullptr;
+  size_t from_size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+  if (!L.sched_bottom) L.sched_bottom = from_bottom, L.sched_size = from_size;
 #endif
   try {
     (*L.body)();
@@ -89,20 +119,20 @@ void fiber_entry() {
     if (!L.error) L.error = std::current_exception();
   }
   f.state = State::Exited;
-#ifdef QK_ASAN_FIBERS
-  __sanitizer_start_switch_fiber(nullptr, L.sched_bottom, L.sched_size);
-#endif
-  // Returning resumes uc_link, the scheduler.
+  pass_on(L, nullptr);
 }
 
-// Scheduler -> fiber, until it blocks or exits.
-void resume(Launch& L, Fiber& f) {
-  L.current = &f;
+// Scheduler -> the pass's first runnable fiber; returns when the pass is over.
+void run_pass(Launch& L) {
+  L.pos = size_t(-1);
+  Fiber* first = next_in_pass(L);
+  if (!first) return;
+  L.current = first;
 #ifdef QK_ASAN_FIBERS
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, f.stack.get(), kStackBytes);
+  __sanitizer_start_switch_fiber(&fake, first->stack.get(), kStackBytes);
 #endif
-  swapcontext(&L.scheduler, &f.ctx);
+  swapcontext(&L.scheduler, &first->ctx);
 #ifdef QK_ASAN_FIBERS
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -170,13 +200,12 @@ void open_barrier_or_fault(Launch& L) {
 void run_block(Launch& L, const LaunchOptions& o, std::mt19937_64& rng) {
   const unsigned n = L.block.count();
   for (unsigned i = 0; i < n; ++i) start_fiber(L, L.fibers[i], i);
-  std::vector<unsigned> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  if (o.order == Order::Reverse) std::reverse(order.begin(), order.end());
+  L.order.resize(n);
+  std::iota(L.order.begin(), L.order.end(), 0u);
+  if (o.order == Order::Reverse) std::reverse(L.order.begin(), L.order.end());
   for (;;) {
-    if (o.order == Order::Shuffled) std::shuffle(order.begin(), order.end(), rng);
-    for (unsigned i : order)
-      if (L.fibers[i].state == State::Runnable) resume(L, L.fibers[i]);
+    if (o.order == Order::Shuffled) std::shuffle(L.order.begin(), L.order.end(), rng);
+    run_pass(L);  // every runnable thread runs, in order, until it blocks or exits
     if (L.error) std::rethrow_exception(L.error);
     if (std::all_of(L.fibers.begin(), L.fibers.end(),
                     [](const Fiber& f) { return f.state == State::Exited; }))
@@ -225,7 +254,7 @@ void syncthreads() {
   Launch& L = active();
   Fiber& f = *L.current;
   f.state = State::AtBarrier;
-  yield_to_scheduler(L, f);
+  block_here(L, f);
 }
 
 namespace {
@@ -237,7 +266,7 @@ float warp_op(WarpOp op, unsigned mask, float v, int lane_mask) {
   f.lane_mask = lane_mask;
   f.value = v;
   f.state = State::AtWarpOp;
-  yield_to_scheduler(L, f);
+  block_here(L, f);
   return f.result;
 }
 }  // namespace
