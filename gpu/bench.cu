@@ -60,7 +60,8 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
     const std::vector<int> seqlens(size_t(d.B), ctx);
     const Paging pg = make_paging(seqlens);
     const RowBlocks rb = make_row_blocks(d, false);
-    const SplitPlan plan = make_plan(seqlens, rb.count, prop.multiProcessorCount, 0);
+    const SplitPlan plan =
+        make_plan(seqlens, rb.count, prop.multiProcessorCount, bo.pages_per_split);
     const int R = d.H;
     const size_t slots = size_t(pg.num_pages) * kPage, BR = size_t(d.B) * R;
     const DevBuf seq = upload(seqlens), bt = upload(pg.block_table), rws = upload(rb.rows),
@@ -126,6 +127,9 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
     row.cache_bytes_alpha = row.cache_bytes + double(d.B) * ctx * d.G * 4.0;
     row.gbs_norm = row.cache_bytes_alpha / (tn.median * 1e-3) / 1e9;
     row.hbm_fraction = row.gbs_norm / 4800.0;
+    row.pages_per_split = plan.pages_per_split;
+    row.splits = plan.max_splits;
+    row.partial_bytes = double(BR) * plan.max_splits * (d.r + 1) * 4.0 * 2.0;
     rows.push_back(row);
   }
   return rows;

@@ -81,11 +81,14 @@ struct BenchRow {
   double overhead_pct = 0;
   double gbs_norm = 0, hbm_fraction = 0;  // bytes read / time; against 4.8 TB/s
   double cache_bytes = 0, cache_bytes_alpha = 0;
+  int pages_per_split = 0, splits = 0;  // the split plan this row ran with (splits per sequence)
+  double partial_bytes = 0;  // fp32 split partials (o and lse), written once and read once
 };
 struct BenchOptions {
   int batch = 4, heads = 16, groups = 16, r = 512, d_c = 128, d_r = 64;
   std::vector<int> contexts{4096, 8192, 16384, 32768, 65536, 131072, 196608, 262144};
   int warmup = 10, reps = 50;
+  int pages_per_split = 0;  // 0: the plan's choice (plan.hpp); N: every split N pages (a sweep)
 };
 std::vector<BenchRow> run_bench(const BenchOptions& o, std::string* device);
 

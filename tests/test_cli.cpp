@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands.hpp"
 #include "cli_run.hpp"
 #include "core/presets.hpp"
 #include "gpu/qkmla_gpu.hpp"
@@ -372,6 +373,26 @@ TEST_CASE("cli.bench_without_device_exits_2") {
   CHECK(r.code == 2);
   CHECK(r.out.find("needs a CUDA device") != std::string::npos);
   CHECK(run("bench --reps 0").code == 2);  // bad flag: exit 2 before any device question
+}
+
+TEST_CASE("cli.bench.table_renders_every_column_without_a_device") {
+  // The bench runs only on a device; its table must not fail there for a format slip.
+  qkmla::gpu::BenchRow a;
+  a.context = 4096, a.ms_norm = 0.125, a.ms_plain = 0.12, a.overhead_pct = 4.1667;
+  a.gbs_norm = 1234, a.hbm_fraction = 0.257, a.cache_bytes = 19.9e6, a.cache_bytes_alpha = 20.9e6;
+  a.pages_per_split = 3, a.splits = 22, a.partial_bytes = 5.79e6;
+  qkmla::gpu::BenchOptions o;
+  o.pages_per_split = 3;
+  const std::string md = qkmla::cli::render_bench({a, a}, "how", "dev", o, true);
+  const std::string text = qkmla::cli::render_bench({a}, "how", "dev", o, false);
+  CHECK(md.find("3 pages per split (--pages-per-split)") != std::string::npos);
+  CHECK(md.find("| 4096 | 0.1250 | 0.000 | 0.1200 | 0.000 | +4.17 | 1234 | 25.7% | 19.9 | 1.00 | "
+                "3 | 22 | 5.79 |") != std::string::npos);
+  CHECK(text.find("partial_MB") != std::string::npos);
+  CHECK(text.find("     3     22       5.79") != std::string::npos);
+  o.pages_per_split = 0;
+  CHECK(qkmla::cli::render_bench({a}, "how", "dev", o, false).find("the plan's") !=
+        std::string::npos);
 }
 
 TEST_CASE("cli.report_fp8_and_gpu_rows") {

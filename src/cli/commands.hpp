@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::cli {
 
@@ -18,6 +21,10 @@ Runner add_certify(CLI::App& app, const std::string& command_line);
 Runner add_reference(CLI::App& app, const std::string& command_line);
 Runner add_converge(CLI::App& app, const std::string& command_line);
 Runner add_bench(CLI::App& app, const std::string& command_line);
+
+// `qkmla bench`'s table (text or markdown) of measured rows; no device needed to render.
+std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::string& how,
+                         const std::string& device, const gpu::BenchOptions& o, bool md);
 
 // Writes text to path, or to stdout when path is empty. 0, or 2 when the file cannot be written.
 int write_output(const std::string& text, const std::string& path,
