@@ -140,7 +140,7 @@ void run_pass(Launch& L) {
 }
 
 void start_fiber(Launch& L, Fiber& f, unsigned linear) {
-  if (!f.stack) f.stack = std::make_unique<char[]>(kStackBytes);
+  if (!f.stack) f.stack = std::make_unique_for_overwrite<char[]>(kStackBytes);  // not zeroed
   f.tid = {linear % L.block.x, linear / L.block.x % L.block.y, linear / (L.block.x * L.block.y)};
   f.state = State::Runnable;
   getcontext(&f.ctx);
