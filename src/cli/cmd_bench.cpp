@@ -2,10 +2,12 @@
 // alpha_q * alpha_k scaling) and without it (the same kernel, plain MLA), overhead, bandwidth.
 // GPU only: without a device it says why and exits 2.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
@@ -36,34 +38,47 @@ std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::stri
       o.warmup, o.reps, md ? "- " : "",
       o.pages_per_split ? fmt::format("{} pages per split (--pages-per-split)", o.pages_per_split)
                         : std::string("the plan's (two work items per multiprocessor)"));
-  s += md ? "\n| context | ms QK-norm | spread | ms plain | spread | overhead % | GB/s | of 4.8 "
-            "TB/s | cache MB | +alpha_k MB | pages/split | splits | partial MB |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-          : fmt::format(
-                "{:>8} {:>11} {:>7} {:>9} {:>7} {:>10} {:>8} {:>8} {:>10} {:>11} {:>5} {:>6} "
-                "{:>10}\n",
-                "context", "ms_qknorm", "spread", "ms_plain", "spread", "overhead%", "GB/s",
-                "of_HBM", "cache_MB", "+alpha_MB", "pps", "splits", "partial_MB");
+  // One list of columns: markdown name, text name and width; each cell is formatted once (literal
+  // format strings, checked at compile time) and laid out as a markdown or an aligned text row.
+  struct Column {
+    const char *md, *text;
+    int width;
+  };
+  static const Column cols[] = {{"context", "context", 8},
+                                {"ms QK-norm", "ms_qknorm", 11},
+                                {"spread", "spread", 7},
+                                {"ms plain", "ms_plain", 9},
+                                {"spread", "spread", 7},
+                                {"overhead %", "overhead%", 10},
+                                {"GB/s", "GB/s", 8},
+                                {"of 4.8 TB/s", "of_HBM", 8},
+                                {"cache MB", "cache_MB", 10},
+                                {"+alpha_k MB", "+alpha_MB", 11},
+                                {"pages/split", "pps", 5},
+                                {"splits", "splits", 6},
+                                {"partial MB", "partial_MB", 10}};
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string l;
+    for (size_t i = 0; i < cells.size(); ++i)
+      l += md ? "| " + cells[i] + " "
+              : fmt::format("{}{:>{}}", i ? " " : "", cells[i], cols[i].width);
+    return l + (md ? "|\n" : "\n");
+  };
+  std::vector<std::string> head, rule;
+  for (const Column& c : cols) head.push_back(md ? c.md : c.text), rule.push_back("---");
+  s += (md ? "\n" : "") + line(head);
+  if (md) s += "|" + fmt::format("{}", fmt::join(rule, "|")) + "|\n";
   double mean = 0;
   for (const gpu::BenchRow& r : rows) {
     mean += r.overhead_pct / double(rows.size());
-    // Literal format strings, checked at compile time (a runtime one hid an invalid "%" type).
-    const double pct = 100.0 * r.hbm_fraction,
-                 alpha_mb = (r.cache_bytes_alpha - r.cache_bytes) / 1e6;
-    if (md)
-      s += fmt::format(
-          "| {} | {:.4f} | {:.3f} | {:.4f} | {:.3f} | {:+.2f} | {:.0f} | {:.1f}% | {:.1f} | {:.2f} "
-          "| {} | {} | {:.2f} |\n",
-          r.context, r.ms_norm, r.spread_norm, r.ms_plain, r.spread_plain, r.overhead_pct,
-          r.gbs_norm, pct, r.cache_bytes / 1e6, alpha_mb, r.pages_per_split, r.splits,
-          r.partial_bytes / 1e6);
-    else
-      s += fmt::format(
-          "{:>8} {:>11.4f} {:>7.3f} {:>9.4f} {:>7.3f} {:>+10.2f} {:>8.0f} {:>7.1f}% {:>10.1f} "
-          "{:>11.2f} {:>5} {:>6} {:>10.2f}\n",
-          r.context, r.ms_norm, r.spread_norm, r.ms_plain, r.spread_plain, r.overhead_pct,
-          r.gbs_norm, pct, r.cache_bytes / 1e6, alpha_mb, r.pages_per_split, r.splits,
-          r.partial_bytes / 1e6);
+    s += line({fmt::format("{}", r.context), fmt::format("{:.4f}", r.ms_norm),
+               fmt::format("{:.3f}", r.spread_norm), fmt::format("{:.4f}", r.ms_plain),
+               fmt::format("{:.3f}", r.spread_plain), fmt::format("{:+.2f}", r.overhead_pct),
+               fmt::format("{:.0f}", r.gbs_norm), fmt::format("{:.1f}%", 100.0 * r.hbm_fraction),
+               fmt::format("{:.1f}", r.cache_bytes / 1e6),
+               fmt::format("{:.2f}", (r.cache_bytes_alpha - r.cache_bytes) / 1e6),
+               fmt::format("{}", r.pages_per_split), fmt::format("{}", r.splits),
+               fmt::format("{:.2f}", r.partial_bytes / 1e6)});
   }
   s += fmt::format(
       "{}mean overhead over {} contexts: {:+.2f} % (paper, H800 + torch.compile: 1.40 %)\n",
