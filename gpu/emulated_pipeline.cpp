@@ -17,7 +17,7 @@ class HostBuf {
  public:
   explicit HostBuf(size_t bytes) : bytes_(bytes) {
     if (bytes) {
-      p_ = std::make_unique<unsigned char[]>(bytes);
+      p_ = std::make_unique_for_overwrite<unsigned char[]>(bytes);
       std::memset(p_.get(), 0xff, bytes);
     }
   }

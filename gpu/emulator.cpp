@@ -58,6 +58,23 @@ struct Launch {
 
 thread_local Launch* g_launch = nullptr;
 
+// Fiber stacks kept between launches of this thread (a pipeline run makes five launches of up to
+// 256 threads; allocating 256 KB stacks anew for each one cost page faults, not work).
+thread_local std::vector<std::unique_ptr<char[]>> g_stack_pool;
+
+// Lends the pool's stacks to a launch's fibers and takes them back, also when the launch throws.
+struct StackLoan {
+  std::vector<Fiber>& fibers;
+  explicit StackLoan(std::vector<Fiber>& f) : fibers(f) {
+    for (Fiber& x : fibers)
+      if (!g_stack_pool.empty()) x.stack = std::move(g_stack_pool.back()), g_stack_pool.pop_back();
+  }
+  ~StackLoan() {
+    for (Fiber& x : fibers)
+      if (x.stack) g_stack_pool.push_back(std::move(x.stack));
+  }
+};
+
 Launch& active() {
   if (!g_launch) throw KernelFault("emulator: a CUDA built-in was used outside a kernel launch");
   return *g_launch;
@@ -152,7 +169,7 @@ void start_fiber(Launch& L, Fiber& f, unsigned linear) {
 
 // Completes the warp operation (a shuffle's exchange, a __syncwarp) of every warp whose 32 lanes
 // all wait in one. Returns whether any did.
-bool resolve_shuffles(Launch& L) {
+bool complete_warp_ops(Launch& L) {
   bool any = false;
   for (size_t w = 0; w * kWarp < L.fibers.size(); ++w) {
     Fiber* lanes = &L.fibers[w * kWarp];
@@ -210,7 +227,7 @@ void run_block(Launch& L, const LaunchOptions& o, std::mt19937_64& rng) {
     if (std::all_of(L.fibers.begin(), L.fibers.end(),
                     [](const Fiber& f) { return f.state == State::Exited; }))
       return;
-    if (!resolve_shuffles(L)) open_barrier_or_fault(L);
+    if (!complete_warp_ops(L)) open_barrier_or_fault(L);
   }
 }
 
@@ -228,6 +245,7 @@ void launch(Dim3 grid, Dim3 block, const std::function<void()>& thread_body,
   L.block = block;
   L.body = &thread_body;
   L.fibers.resize(block.count());
+  const StackLoan loan(L.fibers);
   std::mt19937_64 rng(o.seed);
   g_launch = &L;
   try {
