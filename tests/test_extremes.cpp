@@ -52,7 +52,7 @@ Judgement judge_all(const Case& k) {
     const Outputs& out = outs[n];
     // The gate's yardstick: correct implementations of the implementation's own design.
     const Yardstick y =
-        measure_yardstick(k, {design_of(ids[n], k.cfg.profile)}, truth_of, kTensors);
+        measure_yardstick(k, std::vector<Design>{design_of(ids[n], k.cfg.profile)}, truth_of, kTensors);
     const auto b = bounds.find(out.impl);
     for (const Judged& x : judge_outputs(default_rule(), k, t, out, kTensors, y.rel_l2,
                                          b == bounds.end() ? nullptr : &b->second)) {

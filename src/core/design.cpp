@@ -22,6 +22,8 @@ Form parse_form(const std::string& s) {
   throw ConfigError("form", "unknown form '" + s + "' (expected explicit|absorbed|kernel)");
 }
 
+bool rounds_at(DType point, DType A) { return format_of(point).precision < format_of(A).precision; }
+
 Design spec_design(Profile p, Form f) {
   const DType D = stored_dtype(p), A = accumulate_dtype(p);
   return {f, D, D, D, A, A, A, D, D};
@@ -32,9 +34,7 @@ Design accumulate_design(Profile p, Form f) {
   return {f, A, A, A, A, A, A, A, A};
 }
 
-namespace {
-
-std::string dtype_word(DType d) {
+std::string format_word(DType d) {
   switch (d) {
     case DType::F64:
       return "fp64";
@@ -51,11 +51,13 @@ std::string dtype_word(DType d) {
   }
 }
 
+namespace {
+
 DType parse_dtype_word(const std::string& key, const std::string& v, Profile p) {
   if (v == "stored") return stored_dtype(p);
   if (v == "acc") return accumulate_dtype(p);
   for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16})
-    if (v == dtype_word(d)) return d;
+    if (v == format_word(d)) return d;
   throw ConfigError("design." + key,
                     "unknown format '" + v + "' (fp64, fp32, bf16, fp16, stored, acc)");
 }
@@ -88,6 +90,21 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.gains_merged = v == "merged";
       continue;
     }
+    bool Design::*const option = k == "scale_in_q" ? &Design::scale_in_q
+                                 : k == "exp2"     ? &Design::exp2
+                                 : k == "rsqrt"    ? &Design::approx_rsqrt
+                                                   : nullptr;
+    if (option) {
+      if (v != "yes" && v != "no" && v != "approx" && v != "exact")
+        throw ConfigError("design." + k, "expected yes|no (rsqrt: approx|exact), got '" + v + "'");
+      d.*option = v == "yes" || v == "approx";
+      continue;
+    }
+    if (k == "score" || k == "cache") {  // F64: not rounded
+      const DType x = parse_dtype_word(k, v, p);
+      (k == "score" ? d.score : d.cache) = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
+      continue;
+    }
     DType Design::*const point = k == "q_latent" || k == "q" ? &Design::q
                                  : k == "rope"               ? &Design::rope
                                  : k == "kv"                 ? &Design::kv
@@ -100,7 +117,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
     if (!point)  // the key first: "zz=1" is an unknown point, not an unknown format
       throw ConfigError("design." + k,
                         "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
-                        "latent_out, out, gains)");
+                        "latent_out, out, score, cache, gains, scale_in_q, exp2, rsqrt)");
     d.*point = parse_dtype_word(k, v, p);
   }
   return d;
@@ -108,12 +125,17 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
 
 std::string to_string(const Design& d) {
   std::string s =
-      "form=" + form_name(d.form) + ",q=" + dtype_word(d.q) + ",rope=" + dtype_word(d.rope);
+      "form=" + form_name(d.form) + ",q=" + format_word(d.q) + ",rope=" + format_word(d.rope);
   if (d.form == Form::Explicit)
-    s += ",kv=" + dtype_word(d.kv) + ",rope_key=" + dtype_word(d.rope_key);
-  s += ",alpha_k=" + dtype_word(d.alpha_k) + ",p=" + dtype_word(d.p);
-  if (d.form != Form::Explicit) s += ",latent_out=" + dtype_word(d.latent_out);
-  s += ",out=" + dtype_word(d.out);
+    s += ",kv=" + format_word(d.kv) + ",rope_key=" + format_word(d.rope_key);
+  s += ",alpha_k=" + format_word(d.alpha_k) + ",p=" + format_word(d.p);
+  if (d.form != Form::Explicit) s += ",latent_out=" + format_word(d.latent_out);
+  s += ",out=" + format_word(d.out);
+  if (d.score != DType::F64) s += ",score=" + format_word(d.score);
+  if (d.cache != DType::F64) s += ",cache=" + format_word(d.cache);
+  if (d.scale_in_q) s += ",scale_in_q=yes";
+  if (d.exp2) s += ",exp2=yes";
+  if (d.approx_rsqrt) s += ",rsqrt=approx";
   return d.gains_merged ? s + ",gains=merged" : s;
 }
 

@@ -28,12 +28,23 @@ struct Design {
   // absorbed: gamma_cq (.) gamma_ck merged into WK offline and rounded once to the weight dtype
   // (SPEC §1.2), one more rounding point than applying the gains at run time.
   bool gains_merged = false;
+  // What real code does beyond SPEC §3's points (proofs/budgets.md names who does each). F64 at a
+  // point: not rounded (every accumulate type is within F64).
+  DType score = DType::F64;  // the logit and its two dot products stored (a PyTorch module: bf16)
+  DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
+  bool scale_in_q = false;   // sigma multiplied into q_latent and the query rope part before rounding
+  bool exp2 = false;         // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
+  bool approx_rsqrt = false;  // 1/S through an approximate rsqrt (a few ulp of the statistic)
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
-           gains_merged == o.gains_merged;
+           gains_merged == o.gains_merged && score == o.score && cache == o.cache &&
+           scale_in_q == o.scale_in_q && exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt;
   }
 };
+
+// Is a rounding point a rounding when the accumulate type is A (narrower than A)?
+bool rounds_at(DType point, DType A);
 
 // SPEC §3's rounding points for a profile: q, rope, kv, latent_out, out in the stored dtype;
 // alpha_k and p in the accumulate type.
@@ -42,11 +53,12 @@ Design spec_design(Profile p, Form f);
 Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
-// kv, rope_key, alpha_k, p, latent_out, out; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for
-// the profile's; and gains=merged|runtime): starts from spec_design(profile, form) and sets the
-// keys given. ConfigError names the key.
+// kv, rope_key, alpha_k, p, latent_out, out, score, cache; values: fp64, fp32, bf16, fp16, or
+// "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q, exp2, rsqrt = yes|no):
+// starts from spec_design(profile, form) and sets the keys given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
+std::string format_word(DType d);  // fp64, fp32, bf16, fp16, fp8
 std::string form_name(Form f);
 Form parse_form(const std::string& s);  // ConfigError("form", ...)
 

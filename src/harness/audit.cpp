@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <nlohmann/json.hpp>
 
 #include "harness/yardstick.hpp"
@@ -10,8 +13,9 @@
 namespace qkmla {
 
 bool AuditResult::pass() const {
+  if (!nothing_judged.empty()) return false;
   for (const TensorAudit& a : tensors)
-    if (!a.j.v.pass) return false;
+    if (a.judged && !a.j.v.pass) return false;
   return true;
 }
 
@@ -59,6 +63,62 @@ void convert_lse(Tensor& x, const Tensor& y, const AuditOptions& o) {
 
 }  // namespace
 
+namespace {
+
+bool is_primary(const MlaConfig& c, const std::string& t) {
+  return t == "lse" || t == (c.level == Level::Kernel ? "latent_out" : "out");
+}
+
+// rel_l2 allowance of the rule for a tensor of `samples` independent errors (harness/budgets.hpp).
+double allowance(const GateRule& rule, int64_t samples) {
+  return std::max(rule.baseline_k, small_sample_k(samples));
+}
+
+// Each family's member that explains the tensor best, tightest (smallest yardstick) consistent
+// family first, then the inconsistent ones by ratio.
+std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, double rel_l2,
+                                   double floor, double k, uint64_t self) {
+  std::map<std::string, FamilyFit> best;
+  for (size_t n = 0; n < ys.designs.size(); ++n) {
+    const double y = ys.rms(n, t, self);
+    if (std::isnan(y)) continue;
+    const Design& d = ys.designs[n].d;  // the delivered tensor's own point names the member
+    const std::string at = t == "out"          ? " (out " + format_word(d.out) + ")"
+                           : t == "latent_out" ? " (latent_out " + format_word(d.latent_out) + ")"
+                                               : "";
+    FamilyFit f{ys.designs[n].family + at, to_string(d), y, rel_l2 / std::max(y, floor), false};
+    f.consistent = f.ratio <= k;
+    auto it = best.find(f.family);
+    if (it == best.end() || f.ratio < it->second.ratio) best[f.family] = f;
+  }
+  std::vector<FamilyFit> out;
+  for (auto& [name, f] : best) out.push_back(f);
+  std::sort(out.begin(), out.end(), [](const FamilyFit& a, const FamilyFit& b) {
+    if (a.consistent != b.consistent) return a.consistent;
+    return a.consistent ? a.yardstick < b.yardstick : a.ratio < b.ratio;
+  });
+  return out;
+}
+
+// The structure statistics of x against those of every candidate's correct implementations.
+std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::string& t,
+                                             const Tensor& x, const Tensor& y,
+                                             const std::vector<bool>& mask, double floor, double k,
+                                             uint64_t self) {
+  std::vector<StructureCheck> out;
+  const std::vector<double> v = structure_values(structure_of(x, y, mask));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double top = ys.structure_max(t, i, self);
+    if (std::isnan(v[i]) || std::isnan(top)) continue;
+    StructureCheck c{structure_names()[i], v[i], top, v[i] / std::max(top, floor), true};
+    c.pass = c.ratio <= k;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
 AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                       std::map<std::string, Tensor> given, const std::string& outputs_path,
                       const AuditOptions& o) {
@@ -74,6 +134,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   const std::vector<std::string> primary = kernel ? std::vector<std::string>{"latent_out", "lse"}
                                                   : std::vector<std::string>{"out", "lse"};
   Delivered delivered;  // what the implementation delivers, checked and converted first
+  std::map<std::string, std::vector<bool>> masks;
   for (auto& [name, x] : given) {
     if (!cf.refs.count("ref." + name)) {
       res.ignored.push_back(name);
@@ -89,51 +150,88 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                        "dtype I32: an output is a floating-point tensor (F64, F32, F16, BF16 or "
                        "F8_E4M3)");
     if (name == "lse") convert_lse(x, y, o);
-    delivered[name] = x.dtype;
+    masks[name] = valid_mask(cf.k, name);
+    delivered[name] = consistent_formats(x, masks[name], c.profile);
   }
+  if (delivered.empty())
+    throw InputError(outputs_path, "outputs",
+                     "none of the given tensors has a reference in the case (expected " +
+                         primary[0] + " and/or lse)");
   // The yardstick: correct implementations of the declared design, or of every legitimate design
-  // consistent with the form and the delivered dtypes, on this very case.
+  // consistent with the form and what was delivered, on this very case.
   const Form form = parse_form(o.form);
-  const std::vector<Design> designs =
-      o.design.empty() ? candidate_designs(c, form, delivered)
-                       : std::vector<Design>{parse_design(o.design, c.profile, form)};
-  for (const Design& d : designs) res.designs.push_back(to_string(d));
+  const std::vector<Candidate> inferred =
+      o.design.empty() ? candidate_designs(c, form, delivered) : std::vector<Candidate>{};
+  const std::vector<Candidate> designs =
+      o.design.empty() ? inferred
+                       : std::vector<Candidate>{{"declared design",
+                                                 parse_design(o.design, c.profile, form)}};
+  res.declared = o.design.empty() ? "" : to_string(designs[0].d);
+  for (const Candidate& d : designs) res.designs.push_back(to_string(d.d));
   std::vector<std::string> names;
   for (const auto& [name, dt] : delivered) names.push_back(name);
   auto ref = [&](const std::string& t) {
     return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr;
   };
   const Yardstick ys = measure_yardstick(cf.k, designs, ref, names);
-  for (const auto& [name, dt] : delivered) {
+  for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
+    const uint64_t self = digest(x, masks[name]);  // never part of its own yardstick
     JudgeInput in;
     in.subject = {res.impl, c.preset, c.scenario, to_string(c.profile), name};
     in.x = &x;
     in.y = ref(name);
-    in.mask = valid_mask(cf.k, name);
+    in.mask = masks[name];
     const bool vector = name == "out" || name == "latent_out" || name == "q_latent";
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
-    if (ys.rel_l2.count(name)) in.baseline_rel_l2 = ys.rel_l2.at(name);
-    in.floor = baseline_floor(dt);  // of the delivered type (SPEC §5)
-    res.tensors.push_back({judge_tensor(o.rule, in), dt, in.baseline_rel_l2,
-                           ys.design_of.count(name) ? ys.design_of.at(name) : "",
-                           breakdown(x, *in.y, 2), breakdown(x, *in.y, 0),
-                           top_errors(x, *in.y, 5)});
+    size_t which = 0;
+    in.baseline_rel_l2 = ys.least_accurate(name, self, &which);
+    in.floor = baseline_floor(x.dtype);  // of the delivered type (SPEC §5)
+    TensorAudit a{judge_tensor(o.rule, in), x.dtype, !std::isnan(in.baseline_rel_l2),
+                  in.baseline_rel_l2, std::isnan(in.baseline_rel_l2) ? "" : res.designs[which],
+                  {}, {}, breakdown(x, *in.y, 2), breakdown(x, *in.y, 0), top_errors(x, *in.y, 5)};
+    const double k = allowance(o.rule, a.j.samples);
+    if (a.judged && is_primary(c, name)) {
+      a.families = family_fits(ys, name, a.j.m.rel_l2, in.floor, k, self);
+      a.structure = structure_checks(ys, name, x, *in.y, in.mask, in.floor, k, self);
+      for (const StructureCheck& s : a.structure)
+        if (!s.pass) {
+          a.j.v.pass = false;
+          if (a.j.v.first_metric.empty()) a.j.v.first_metric = s.stat;
+          a.j.v.failed.push_back(fmt::format(
+              "{}={:.3g} is {:.3g}x the largest of the correct implementations ({:.3g}) > {:.3g}",
+              s.stat, s.value, s.ratio, s.yardstick, k));
+        }
+    }
+    res.tensors.push_back(std::move(a));
   }
   for (const std::string& p : primary)
     if (!given.count(p)) res.missing.push_back(p);
-  if (!res.pass() && o.diagnose) {
+  bool any_primary = false;
+  for (const TensorAudit& a : res.tensors) any_primary |= a.judged && is_primary(c, a.j.tensor);
+  if (!any_primary) {
+    std::vector<std::string> held;
+    for (const auto& [name, x] : given) held.push_back(name);
+    res.nothing_judged = fmt::format(
+        "nothing judged: the file holds only {} (a verdict needs {} or {} with a yardstick)",
+        fmt::join(held, ", "), primary[0], primary[1]);
+  }
+  if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
+    const Yardstick all = measure_yardstick(cf.k, candidate_designs(c, form, delivered), ref, names);
+    for (const TensorAudit& a : res.tensors)
+      if (!a.j.v.pass && is_primary(c, a.j.tensor))
+        res.undeclared[a.j.tensor] =
+            family_fits(all, a.j.tensor, a.j.m.rel_l2, baseline_floor(a.delivered),
+                        allowance(o.rule, a.j.samples), digest(given.at(a.j.tensor), masks[a.j.tensor]));
+  }
+  if (!res.pass() && res.nothing_judged.empty() && o.diagnose) {
     std::map<std::string, double> allowed;  // the rel_l2 each tensor may have and pass
     for (const TensorAudit& a : res.tensors)
       allowed[a.j.tensor] =
-          std::max(o.rule.baseline_k, small_sample_k(a.j.samples)) *
+          allowance(o.rule, a.j.samples) *
           std::max(std::isnan(a.yardstick) ? 0.0 : a.yardstick, baseline_floor(a.delivered));
     res.diagnosis = diagnose(cf.k, given, cf.refs, allowed);
   }
-  if (res.tensors.empty())
-    throw InputError(outputs_path, "outputs",
-                     "none of the given tensors has a reference in the case (expected " +
-                         primary[0] + " and/or lse)");
   return res;
 }
 

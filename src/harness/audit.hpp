@@ -22,11 +22,32 @@ struct AuditOptions {
   GateRule rule;
 };
 
+// How well one family of legitimate designs explains a tensor: its yardstick (the RMS rel_l2 of its
+// correct implementations on the case, its member that explains the tensor best) and the ratio.
+struct FamilyFit {
+  std::string family;
+  std::string design;      // the member (core/design.hpp syntax)
+  double yardstick = 0;    // rel_l2
+  double ratio = 0;        // judged rel_l2 / max(yardstick, floor)
+  bool consistent = true;  // ratio within the rule's k (with the small-sample allowance)
+};
+
+// One structure statistic (metrics/structure.hpp) against the largest a correct implementation of
+// a candidate design makes on the case.
+struct StructureCheck {
+  std::string stat;
+  double value = 0, yardstick = 0, ratio = 0;
+  bool pass = true;
+};
+
 struct TensorAudit {
   Judged j;
   DType delivered = DType::F64;
-  double yardstick = 0;          // rel_l2 of the correct implementations of the design(s)
-  std::string yardstick_design;  // the design that made it
+  bool judged = true;            // false: no yardstick for it (printed "not judged", never PASS)
+  double yardstick = 0;          // rel_l2 of the least accurate consistent design
+  std::string yardstick_design;  // that design
+  std::vector<FamilyFit> families;  // tightest first (primary outputs; undeclared designs)
+  std::vector<StructureCheck> structure;
   std::vector<std::pair<int64_t, double>> per_head, per_seq;  // (index, rel_l2)
   std::vector<Worst> worst;                                   // the five largest errors
 };
@@ -39,12 +60,18 @@ struct AuditResult {
   std::vector<std::string> missing;  // primary outputs not given (not judged)
   std::vector<std::string> ignored;  // given tensors the case has no reference for
   std::vector<std::string> designs;  // the design(s) the yardstick ran: declared, or inferred
+  std::string declared;              // the declared design ("" when inferred)
+  // With a declared design that failed: how the undeclared candidates fit each failed tensor.
+  std::map<std::string, std::vector<FamilyFit>> undeclared;
+  std::string nothing_judged;    // non-empty: no primary output was judged (never a PASS)
   std::vector<Match> diagnosis;  // on FAIL: conventions the outputs match (harness/diagnose.hpp)
   bool pass() const;
 };
 
 // `given` are the outputs read from `outputs_path` (named in messages). InputError on a shape
-// mismatch or when nothing can be judged.
+// mismatch or when no given tensor has a reference in the case; a file whose tensors have
+// references but hold no primary output (out, lse; latent_out at kernel level) is judged "nothing
+// judged", which fails.
 AuditResult run_audit(const CaseFile& golden, const std::string& case_path,
                       std::map<std::string, Tensor> given, const std::string& outputs_path,
                       const AuditOptions& o);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/attention_math.hpp"
 #include "impl/cpu_impls.hpp"
@@ -53,33 +54,113 @@ Design design_of(const ImplId& id, Profile p) {
   return d;
 }
 
-std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered) {
+std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& mask, Profile p) {
+  std::vector<DType> out = {x.dtype};
+  for (DType f : {stored_dtype(p), DType::F32}) {
+    if (!wider(x.dtype, f) || std::find(out.begin(), out.end(), f) != out.end()) continue;
+    bool holds = true;
+    for (int64_t i = 0; i < x.numel() && holds; ++i)
+      holds = (!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || round_to(f, x[i]) == x[i];
+    if (holds) out.push_back(f);
+  }
+  return out;
+}
+
+namespace {
+
+// The families every form shares, each a variation of `base` (SPEC §3's points with out, alpha_k
+// as delivered); proofs/budgets.md names the public code behind each.
+void real_code_families(const MlaConfig& c, const Design& base, DType D,
+                        const std::function<void(const std::string&, Design)>& add) {
+  Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
+  flash.p = D, flash.exp2 = true;
+  add("FlashMLA-style (P stored, exp2)", flash);
+  Design torch = base;  // a PyTorch module in the stored dtype: every einsum output stored
+  torch.score = D, torch.p = D;
+  if (torch.form != Form::Explicit) torch.latent_out = D;
+  if (c.profile == Profile::FP8) torch.cache = DType::BF16;
+  add("PyTorch module (every op stored)", torch);
+  Design folded = base;
+  folded.scale_in_q = true;
+  add("softmax scale folded into q", folded);
+  if (c.norm != NormMode::None && base.form != Form::Kernel) {
+    Design rs = base;
+    rs.approx_rsqrt = true;
+    add("approximate rsqrt statistic", rs);
+  }
+  if (c.profile == Profile::FP8 && base.form != Form::Explicit) {
+    Design deq = base;
+    deq.cache = DType::BF16;
+    add("fp8 cache dequantized to bf16", deq);
+  }
+}
+
+}  // namespace
+
+std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
-  auto given = [&](const char* t, DType fallback) {
-    return delivered.count(t) ? delivered.at(t) : fallback;
+  // The point a delivered format stands for: not rounded (A) when at least as wide as A.
+  auto points_of = [&](const char* t) {
+    std::vector<DType> out;
+    for (DType f : delivered.count(t) ? delivered.at(t) : std::vector<DType>{D}) {
+      const DType p = rounds_at(f, A) ? f : A;
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+    return out;
   };
-  if (c.level == Level::Kernel) {
-    Design base = spec_design(c.profile, Form::Kernel);
-    base.latent_out = wider(given("latent_out", D), D) ? A : D;
-    return designs_over(base, {&Design::p}, D, A, true);
+  std::vector<Candidate> out;
+  auto add = [&](const std::string& family, Design d) {
+    if (!rounds_at(d.score, A)) d.score = DType::F64;
+    if (!rounds_at(d.cache, A)) d.cache = DType::F64;
+    if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
+    for (const Candidate& x : out)
+      if (x.d == d) return;
+    out.push_back({family, d});
+  };
+  const bool kernel = c.level == Level::Kernel;
+  const DType alpha_k = delivered.count("alpha_k") && delivered.at("alpha_k").front() == DType::BF16
+                            ? DType::BF16
+                            : A;
+  for (DType o : points_of(kernel ? "latent_out" : "out")) {
+    if (kernel) {
+      Design base = spec_design(c.profile, Form::Kernel);
+      base.latent_out = o;
+      add("SPEC rounding points", base);
+      for (const Design& d : designs_over(base, {&Design::p}, D, A, true))
+        add("SPEC points mixed", d);
+      real_code_families(c, base, D, add);
+      continue;
+    }
+    const Form f = form == Form::Explicit ? Form::Explicit : Form::Absorbed;
+    Design acc = accumulate_design(c.profile, f);
+    acc.alpha_k = alpha_k, acc.out = o;
+    add("all-" + format_word(A) + " compute", acc);
+    Design base = spec_design(c.profile, f);
+    base.alpha_k = alpha_k, base.out = o;
+    add("SPEC rounding points", base);
+    std::vector<DType Design::*> points = {&Design::q, &Design::rope, &Design::p};
+    points.push_back(f == Form::Explicit ? &Design::kv : &Design::latent_out);
+    if (f == Form::Explicit && c.norm == NormMode::Unified && c.d_r > 0)
+      points.push_back(&Design::rope_key);
+    for (const Design& d : designs_over(base, points, D, A, small_case(c)))
+      add("SPEC points mixed", d);
+    real_code_families(c, base, D, add);
   }
-  const DType out = given("out", D);
-  Design base = spec_design(c.profile, form == Form::Explicit ? Form::Explicit : Form::Absorbed);
-  base.alpha_k = given("alpha_k", A) == DType::BF16 && A != DType::BF16 ? DType::BF16 : A;
-  if (wider(out, D)) {  // fp32 out: an fp32 (fp64) compute
-    Design d = accumulate_design(c.profile, form);
-    d.alpha_k = base.alpha_k;
-    return {d};
+  return out;
+}
+
+uint64_t digest(const Tensor& x, const std::vector<bool>& mask) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (!mask.empty() && !mask[size_t(i)]) continue;
+    uint64_t bits = 0x7ff8000000000000ull;  // every NaN alike
+    if (!std::isnan(x[i])) std::memcpy(&bits, &x.data[size_t(i)], 8);
+    mix(uint64_t(i)), mix(bits);
   }
-  base.out = out;
-  const bool lattice = small_case(c);
-  if (form == Form::Explicit) {
-    std::vector<DType Design::*> points = {&Design::q, &Design::rope, &Design::kv, &Design::p};
-    if (c.norm == NormMode::Unified && c.d_r > 0) points.push_back(&Design::rope_key);
-    return designs_over(base, points, D, A, lattice);
-  }
-  return designs_over(base, {&Design::q, &Design::rope, &Design::p, &Design::latent_out}, D, A,
-                      lattice);
+  return h == 0 ? 1 : h;  // 0 means "leave nothing out"
 }
 
 namespace {
@@ -131,34 +212,79 @@ const std::vector<impl::SumOrder>& yardstick_orders() {
   return o;
 }
 
-Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
-                            const std::vector<std::string>& tensors) {
+Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs,
+                            const TruthOf& truth, const std::vector<std::string>& tensors) {
   Yardstick y;
   y.designs = designs;
-  // sq[n][tensor]: sum over samples (orders x variants) of rel_l2^2 for design n, count[n] samples.
-  std::vector<std::map<std::string, double>> sq(designs.size());
-  std::vector<std::map<std::string, double>> count(designs.size());
+  std::vector<Design> plain;
+  for (const Candidate& c : designs) plain.push_back(c.d);
+  std::map<std::string, std::vector<bool>> masks;
+  for (const std::string& t : tensors) masks[t] = valid_mask(k, t);
   for (const impl::SumOrder& order : yardstick_orders()) {
     OrderScope scope(order);
-    const std::vector<std::vector<Outputs>> outs = run_designs(k, designs);
+    const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
     for (size_t n = 0; n < outs.size(); ++n)
-      for (const Outputs& o : outs[n])
+      for (const Outputs& o : outs[n]) {
+        Yardstick::Sample s;
+        s.design = n;
         for (const std::string& t : tensors) {
           const Tensor* ref = truth(t);
           if (!ref || !o.tensors.count(t)) continue;
           const Tensor& x = o.tensors.at(t);
-          const double e = compare(x, *ref, x.dtype, valid_mask(k, t)).rel_l2;
-          sq[n][t] += e * e;
-          count[n][t] += 1;
+          s.rel_l2[t] = compare(x, *ref, x.dtype, masks[t]).rel_l2;
+          s.structure[t] = structure_of(x, *ref, masks[t]);
+          s.digest[t] = digest(x, masks[t]);
         }
+        y.samples.push_back(std::move(s));
+      }
   }
-  for (size_t n = 0; n < designs.size(); ++n)
-    for (const auto& [t, s] : sq[n]) {
-      const double rms = std::sqrt(s / count[n].at(t));
-      if (!y.rel_l2.count(t) || rms > y.rel_l2[t])
-        y.rel_l2[t] = rms, y.design_of[t] = to_string(designs[n]);
-    }
+  for (const std::string& t : tensors) {
+    size_t n = 0;
+    const double e = y.least_accurate(t, 0, &n);
+    if (!std::isnan(e)) y.rel_l2[t] = e, y.design_of[t] = to_string(designs[n].d);
+  }
   return y;
+}
+
+Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
+                            const std::vector<std::string>& tensors) {
+  std::vector<Candidate> c;
+  for (const Design& d : designs) c.push_back({to_string(d), d});
+  return measure_yardstick(k, c, truth, tensors);
+}
+
+double Yardstick::rms(size_t n, const std::string& t, uint64_t self) const {
+  double sq = 0;
+  int count = 0;
+  for (const Sample& s : samples) {
+    if (s.design != n || !s.rel_l2.count(t) || (self != 0 && s.digest.at(t) == self)) continue;
+    sq += s.rel_l2.at(t) * s.rel_l2.at(t);
+    ++count;
+  }
+  return count ? std::sqrt(sq / count) : std::nan("");
+}
+
+double Yardstick::least_accurate(const std::string& t, uint64_t self, size_t* which) const {
+  double worst = std::nan("");
+  if (which) *which = std::string::npos;
+  for (size_t n = 0; n < designs.size(); ++n) {
+    const double e = rms(n, t, self);
+    if (!std::isnan(e) && !(e <= worst)) {
+      worst = e;
+      if (which) *which = n;
+    }
+  }
+  return worst;
+}
+
+double Yardstick::structure_max(const std::string& t, size_t stat, uint64_t self) const {
+  double worst = std::nan("");
+  for (const Sample& s : samples) {
+    if (!s.structure.count(t) || (self != 0 && s.digest.at(t) == self)) continue;
+    const double v = structure_values(s.structure.at(t))[stat];
+    if (!std::isnan(v) && !(v <= worst)) worst = v;
+  }
+  return worst;
 }
 
 }  // namespace qkmla

@@ -1,8 +1,9 @@
 // The yardstick of a judged implementation (SPEC §5 "Judging"): correct implementations of the
-// design it declares, or of every legitimate design consistent with its form and the dtypes it
-// delivers, run on the same case and measured against the same truth. A verdict then asks whether
-// the judged error is far beyond what a correct implementation of that design makes on this case.
+// design it declares, or of every legitimate design consistent with what it delivered, run on the
+// same case and measured against the same truth. A verdict then asks whether the judged error, and
+// where it sits, is far beyond what a correct implementation of such a design makes on this case.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -11,32 +12,64 @@
 #include "core/case.hpp"
 #include "core/design.hpp"
 #include "harness/impl_id.hpp"
+#include "metrics/structure.hpp"
 
 namespace qkmla {
 
-// The dtype each given output tensor was delivered in (from its file).
-using Delivered = std::map<std::string, DType>;
+// Per delivered tensor, the formats its rounding point may have been: its container dtype first,
+// then every narrower one (the stored dtype, fp32) that holds each of its values exactly (bf16
+// values delivered as F32 after `.float()` are consistent with out rounded to bf16).
+using Delivered = std::map<std::string, std::vector<DType>>;
+// The formats of `x` (valid positions of `mask`) that the case's profile makes candidates.
+std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& mask, Profile p);
 
-// Legitimate designs (SPEC §5): for the case's level and `form`, those consistent with the
-// delivered dtypes. Module level, out delivered wider than the stored dtype: the design that
-// computes and delivers everything in the accumulate type (an fp32 kernel). Otherwise out in the
-// delivered dtype and q_latent, rope parts, P and latent_out (explicit form: q, rope, keys/values,
-// P) each stored or in the accumulate type: every combination when the case has at most 64
-// non-empty rows (one ill-conditioned row can dominate there, and a mix can round a near tie
-// differently from both extremes), else the two extremes, all stored and none, whose RMS errors
-// bracket every mix over many rows. alpha_k in the accumulate type, or bf16 where it is delivered
-// in bf16. Kernel level: P likewise.
-std::vector<Design> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
+// A legitimate design and the family it belongs to, as a verdict names it ("PyTorch module",
+// "FlashMLA-style (bf16 P, exp2)", ...; proofs/budgets.md lists each with the code that does it).
+struct Candidate {
+  std::string family;
+  Design d;
+};
+
+// Legitimate designs (SPEC §5) of the case's level and `form` consistent with what was delivered:
+// for each consistent format of out (latent_out at kernel level), the accumulate-type compute,
+// SPEC §3's points, the stored/accumulate mixes of SPEC's points (every combination when the case
+// has at most 64 non-empty rows, where one ill-conditioned row can dominate and a mix can round a
+// near tie differently from both extremes; else the two extremes, whose RMS errors bracket every
+// mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with exp2, a PyTorch
+// module storing every op's output, the scale folded into q, an approximate rsqrt, and (fp8) the
+// cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered in bf16.
+std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
+
+// A digest of a tensor's valid values (bit-exact), so that a judged run is never part of its own
+// yardstick: a sample with the judged run's digest is left out.
+uint64_t digest(const Tensor& x, const std::vector<bool>& mask);
 
 struct Yardstick {
-  std::vector<Design> designs;
-  // Per tensor: the largest over the designs of the RMS of rel_l2 over correct implementations of
-  // the design: six orders (forward, reversed, 2 and 8 lanes, and split-KV into 2 and 4 chunks
-  // combined by their lse, as FlashDecoding kernels do) x, for the absorbed form, the
-  // exact-arithmetic variants that round different values at the same points: the typical error
-  // of a correct implementation of the design on this case.
+  std::vector<Candidate> designs;
+  // One correct implementation's run: its design (index into designs) and, per tensor, rel_l2,
+  // structure and digest.
+  struct Sample {
+    size_t design = 0;
+    std::map<std::string, double> rel_l2;
+    std::map<std::string, Structure> structure;
+    std::map<std::string, uint64_t> digest;
+  };
+  std::vector<Sample> samples;
+  // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: six
+  // orders (forward, reversed, 2 and 8 lanes, split-KV into 2 and 4 chunks combined by their lse)
+  // x, for the absorbed form, the exact-arithmetic variants that round different values at the
+  // same points. Every sample included (the gate leaves out the judged run with rms()).
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
+
+  // RMS of rel_l2 of tensor t over design n's samples, leaving out those with digest `self`
+  // (0: none left out); NaN when no sample remains.
+  double rms(size_t n, const std::string& t, uint64_t self = 0) const;
+  // max over designs of rms(n, t, self); `which` receives the design (NaN, npos: none).
+  double least_accurate(const std::string& t, uint64_t self = 0, size_t* which = nullptr) const;
+  // max over every sample (but those with digest `self`) of structure statistic `stat` (an index
+  // into structure_names()); NaN when none.
+  double structure_max(const std::string& t, size_t stat, uint64_t self = 0) const;
 };
 
 // The design a registered implementation implements: SPEC §3's rounding points for its form
@@ -47,6 +80,8 @@ Design design_of(const ImplId& id, Profile p);
 // Runs every design on the case (CPU, the case's profile arithmetic) and measures each tensor
 // against `truth(tensor)` (null: not measured). Tensors absent from a design's outputs are skipped.
 using TruthOf = std::function<const Tensor*(const std::string&)>;
+Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs,
+                            const TruthOf& truth, const std::vector<std::string>& tensors);
 Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
                             const std::vector<std::string>& tensors);
 

@@ -119,6 +119,7 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
   q.rope.assign(qp.data.begin() + qp.index({b, i, h, 0}),
                 qp.data.begin() + qp.index({b, i, h, 0}) + dr);
   query_norm(k, k.pos(b, i), p, eps, w, q);
+  if (d.approx_rsqrt) q.alpha_q = approx_rsqrt_of(q.alpha_q);
   const std::vector<Acc>* W = &wk;
   if (!none) {
     const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));
@@ -145,6 +146,11 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
     for (Acc& x : q.q_latent) x *= q.alpha_q;
   if (carries && unified)
     for (Acc& x : q.rope) x *= q.alpha_q;
+  if (d.scale_in_q) {  // sigma enters the query before it is stored (design_scale is then 1)
+    const Acc sigma = constant<Acc>(hook::softmax_scale(p, cf));
+    for (Acc& x : q.q_latent) x *= sigma;
+    for (Acc& x : q.rope) x *= sigma;
+  }
   for (Acc& x : q.q_latent) x = round_point(d.q, A, x);
   for (Acc& x : q.rope) x = round_point(d.rope, A, x);
   return q;

@@ -10,26 +10,41 @@
 #include <vector>
 
 #include "core/attention_math.hpp"
+#include "core/design.hpp"
 #include "core/perturbation.hpp"
 #include "impl/profile_math.hpp"
 
 namespace qkmla::impl {
 
+// Where one attention row rounds beyond its inputs (a design's score, p and exp2 points,
+// core/design.hpp): the logits stored before the softmax (a PyTorch module's bf16 scores), the
+// probabilities stored before p.v (FlashMLA's bf16 P), and base-2 logits (the caller's scale
+// carries log2 e; exp2 and log2, the lse converted back to natural log).
+struct RowRounding {
+  std::optional<DType> score, p;
+  bool exp2 = false;
+  static RowRounding of(const Design& d, DType A) {
+    RowRounding r;
+    if (rounds_at(d.score, A)) r.score = d.score;
+    if (rounds_at(d.p, A)) r.p = d.p;
+    r.exp2 = d.exp2;
+    return r;
+  }
+};
+
 // One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
-// `acc` [width] receives sum_t p_t value_t, with p stored in `p_format` first when a design rounds
-// it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
+// `acc` [width] receives sum_t p_t value_t, rounding where `rr` says. Returns lse (-inf, acc all
+// zero, for no token).
 template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-               int width, std::vector<Acc>& acc,
-               const std::optional<DType>& p_format = std::nullopt);
+               int width, std::vector<Acc>& acc, const RowRounding& rr = {});
 
 // Split-KV (FlashDecoding): the row's tokens in `splits` contiguous chunks, each attended alone
 // (its lse and normalized output in Acc), then combined by lse weights. A yardstick's order
 // (profile_math.hpp), so that a split kernel's rounding of each chunk's lse is sampled too.
 template <class Acc, class Logit, class Value>
 Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-                 int width, std::vector<Acc>& acc, const std::optional<DType>& p_format,
-                 int splits) {
+                 int width, std::vector<Acc>& acc, const RowRounding& rr, int splits) {
   using std::exp;
   using std::log;
   std::vector<Acc> lse_s;
@@ -44,7 +59,7 @@ Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const V
       lse_s.push_back(
           attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(at),
                                           tokens.begin() + std::ptrdiff_t(std::min(n, at + per))),
-                     logit, value, width, o_s.back(), p_format));
+                     logit, value, width, o_s.back(), rr));
     }
     sum_order() = saved;
   }
@@ -61,21 +76,22 @@ Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const V
   return lse;
 }
 
-// One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
-// `acc` [width] receives sum_t p_t value_t, with p stored in `p_format` first when a design rounds
-// it (FlashMLA's bf16 P). Returns lse (-inf, acc all zero, for no token).
 template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-               int width, std::vector<Acc>& acc, const std::optional<DType>& p_format) {
+               int width, std::vector<Acc>& acc, const RowRounding& rr) {
   if constexpr (std::is_floating_point_v<Acc>)
     if (sum_order().splits > 1 && tokens.size() >= size_t(sum_order().splits))
-      return attend_split(tokens, logit, value, width, acc, p_format, sum_order().splits);
+      return attend_split(tokens, logit, value, width, acc, rr, sum_order().splits);
   std::vector<Acc> p;
   p.reserve(tokens.size());
-  for (int64_t t : tokens) p.push_back(logit(t));
-  const Acc lse = softmax(p);
-  if (p_format)
-    for (Acc& x : p) x = store(*p_format, x);
+  for (int64_t t : tokens) p.push_back(rr.score ? store(*rr.score, logit(t)) : logit(t));
+  Acc lse;
+  if constexpr (std::is_floating_point_v<Acc>)
+    lse = rr.exp2 ? softmax_base2(p) : softmax(p);
+  else
+    lse = softmax(p);  // the error-bound type bounds the natural-base designs only
+  if (rr.p)
+    for (Acc& x : p) x = store(*rr.p, x);
   acc.assign(size_t(width), Acc(0));
   ordered_accumulate<Acc>(
       int64_t(tokens.size()), width, [&](int64_t n) { return p[size_t(n)]; },
@@ -127,26 +143,27 @@ Acc lse_in_form(LseForm form, const std::vector<Acc>& logits, Acc lse, Acc scale
 template <class Acc>
 Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCache<Acc>& cache,
                   int g, const std::vector<int64_t>& tokens, Acc scale, const Perturbation& pt,
-                  const std::optional<DType>& p_format, std::vector<Acc>& lat) {
+                  const RowRounding& rr, std::vector<Acc>& lat) {
   const int r = cf.latent_rank, dr = cf.d_r, G = cf.groups;
   const bool unified = cf.norm == NormMode::Unified;
   auto logit = [&](int64_t t) {
-    const Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, pt.score_lowp);
-    const Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
+    Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, pt.score_lowp);
+    Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
+    if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     const Acc s = q.row_scale * cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
     if (unified && pt.rope_unscaled_by_alpha_k)
       return Acc(scale * (s * latent + q.row_scale * rope));
     return latent_logit(unified, scale, s, latent, rope);
   };
   auto value = [&](int64_t t) { return cache.c.data() + t * r; };
-  Acc lse = attend_row(tokens, logit, value, r, lat, p_format);
+  Acc lse = attend_row(tokens, logit, value, r, lat, rr);
   if (pt.split_average && tokens.size() >= 2) {  // each half normalized alone, then averaged
     const size_t half = tokens.size() / 2;
     std::vector<Acc> a, b;
     attend_row(std::vector<int64_t>(tokens.begin(), tokens.begin() + std::ptrdiff_t(half)), logit,
-               value, r, a, p_format);
+               value, r, a, rr);
     attend_row(std::vector<int64_t>(tokens.begin() + std::ptrdiff_t(half), tokens.end()), logit,
-               value, r, b, p_format);
+               value, r, b, rr);
     for (int l = 0; l < r; ++l) lat[size_t(l)] = (a[size_t(l)] + b[size_t(l)]) / Acc(2);
   }
   if (pt.lse_form != LseForm::Natural) {

@@ -68,17 +68,25 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
   const int G = cf.groups, dv = cf.d_v, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
   const bool stats = cf.norm != NormMode::None;
-  LatentCache<Acc> own;  // a design that caches alpha_k narrower reads its own rounded copy
-  if (d.alpha_k != A) {
+  // A design that caches alpha_k narrower, takes it through an approximate rsqrt or stores the
+  // dequantized latent cache reads its own copy.
+  const bool own_copy = d.alpha_k != A || d.approx_rsqrt || rounds_at(d.cache, A);
+  LatentCache<Acc> own;
+  if (own_copy) {
     own = cache;
-    for (Acc& a : own.alpha_k) a = store(d.alpha_k, a);
+    if (d.approx_rsqrt)
+      for (Acc& a : own.alpha_k) a = approx_rsqrt_of(a);
+    if (d.alpha_k != A)
+      for (Acc& a : own.alpha_k) a = store(d.alpha_k, a);
+    if (rounds_at(d.cache, A))
+      for (Acc& x : own.c) x = store(d.cache, x);
   }
-  const LatentCache<Acc>& lc = d.alpha_k != A ? own : cache;
+  const LatentCache<Acc>& lc = own_copy ? own : cache;
   if (stats)
     for (int64_t t = 0; t < T; ++t)
       for (int g = 0; g < G; ++g)
         o.tensors["alpha_k"].at({b, t, g}) = double(lc.alpha_k[size_t(t * G + g)]);
-  const Acc scale = constant<Acc>(hook::softmax_scale(p, cf));
+  const Acc scale = design_scale<Acc>(d, hook::softmax_scale(p, cf));
   for (int i = 0; i < cf.s_q; ++i)
     for (int h = 0; h < cf.heads; ++h) {
       const LatentQuery<Acc> q =
@@ -89,8 +97,7 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       for (int64_t t = 0; t < T; ++t)
         if (hook::visible(p, cf, T, i, t)) tokens.push_back(t);
       std::vector<Acc> lat;
-      const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p,
-                                    d.p == A ? std::nullopt : std::optional<DType>(d.p), lat);
+      const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, RowRounding::of(d, A), lat);
       o.tensors["lse"].at({b, i, h}) = double(hook::lse_out(p, lse, Acc(std::log(2.0))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));

@@ -13,6 +13,12 @@ namespace qkmla::impl {
 
 namespace {
 
+// A statistic 1/S as the design computes it: exact in Acc, or through an approximate rsqrt.
+template <class Acc>
+Acc rsqrt_of(const Design& d, Acc inv) {
+  return d.approx_rsqrt ? approx_rsqrt_of(inv) : inv;
+}
+
 template <class Acc>
 struct ExplicitQuery {
   std::vector<Acc> qc, qr;  // qc^ [d_c], qr^ [d_r], rounded to D
@@ -20,7 +26,8 @@ struct ExplicitQuery {
 };
 
 template <class Acc>
-ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Design& d) {
+ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Design& d,
+                         Acc sigma) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
   const Tensor& qn = k.get("q_nope");
@@ -35,7 +42,7 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
     q.alpha_q = Acc(1);
     if (pos >= 0) rotate(q.qr.data(), k, pos);
   } else if (c.norm == NormMode::Blockwise) {
-    q.alpha_q = inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps);
+    q.alpha_q = rsqrt_of(d, inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps));
     scale_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q);
     if (pos >= 0) blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
   } else {
@@ -45,11 +52,15 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
       q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();
     } else {
       if (!ntr) rotate(q.qr.data(), k, pos);
-      q.alpha_q = unified_inv(q.qc.data(), q.qr.data(), k, eps);
+      q.alpha_q = rsqrt_of(d, unified_inv(q.qc.data(), q.qr.data(), k, eps));
       scale_gain(q.qc.data(), c.d_c, gq.data(), q.alpha_q);
       scale_gain(q.qr.data(), c.d_r, gq.data() + c.d_c, q.alpha_q);
       if (ntr && pos >= 0) rotate(q.qr.data(), k, pos);
     }
+  }
+  if (d.scale_in_q) {  // sigma enters the query before it is stored (design_scale is then 1)
+    for (Acc& x : q.qc) x *= sigma;
+    for (Acc& x : q.qr) x *= sigma;
   }
   for (Acc& x : q.qc) x = round_point(d.q, A, x);
   for (Acc& x : q.qr) x = round_point(d.rope, A, x);
@@ -93,13 +104,13 @@ Acc group_key(const Case& k, int b, int64_t t, const KeyGains<Acc>& gains, Acc e
   if (c.norm == NormMode::None) {
     rotate(kr, k, t);
   } else if (c.norm == NormMode::Blockwise) {
-    alpha_k = inv_rms_from(sum_sq(kc, dc), dc, eps);
+    alpha_k = rsqrt_of(d, inv_rms_from(sum_sq(kc, dc), dc, eps));
     scale_gain(kc, dc, gains.ck.data(), alpha_k);
     blockwise_rope(kr, gains.rk.data(), t, k, eps);
   } else {
     const std::vector<Acc> z(zk, zk + dr);  // [d_r]
     if (!ntr) rotate(kr, k, t);             // kr: the rotated key (rope first), else the raw one
-    alpha_k = unified_inv(kc, ntr ? z.data() : kr, k, eps);
+    alpha_k = rsqrt_of(d, unified_inv(kc, ntr ? z.data() : kr, k, eps));
     scale_gain(kc, dc, gains.k.data(), alpha_k);
     if (d.rope_key == A) {
       scale_gain(kr, dr, gains.k.data() + dc, alpha_k);
@@ -147,7 +158,9 @@ template <class Acc>
 Outputs run(const Case& k, const Design& d) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
-  const Acc eps = constant<Acc>(c.eps), scale = constant<Acc>(c.softmax_scale);
+  const Acc eps = constant<Acc>(c.eps), scale = design_scale<Acc>(d, c.softmax_scale);
+  const Acc sigma = constant<Acc>(c.softmax_scale);
+  const RowRounding rr = RowRounding::of(d, A);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const KeyGains<Acc> gains(k);
   const bool stats = c.norm != NormMode::None;
@@ -165,20 +178,21 @@ Outputs run(const Case& k, const Design& d) {
       for (int i = 0; i < S; ++i)
         for (int h = 0; h < H; ++h) {
           if (c.group_of(h) != g) continue;
-          const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d);
+          const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d, sigma);
           aq.at({b, i, h}) = double(q.alpha_q);
           std::vector<int64_t> tokens;
           for (int64_t t = 0; t < T; ++t)
             if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
           auto logit = [&](int64_t t) {  // E.5
-            return plain_logit(scale, dot(q.qc.data(), e.kc.data() + t * dc, dc),
-                               dot(q.qr.data(), e.kr.data() + t * dr, dr));
+            Acc content = dot(q.qc.data(), e.kc.data() + t * dc, dc);
+            Acc rope = dot(q.qr.data(), e.kr.data() + t * dr, dr);
+            if (rr.score) content = store(*rr.score, content), rope = store(*rr.score, rope);
+            return plain_logit(scale, content, rope);
           };
           auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
           lse.at({b, i, h}) =
-              double(attend_row(tokens, logit, value, dv, acc,
-                                d.p == A ? std::nullopt : std::optional<DType>(d.p)));  // E.6-E.7
+              double(attend_row(tokens, logit, value, dv, acc, rr));  // E.6-E.7
           for (int j = 0; j < dv; ++j)
             out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
         }

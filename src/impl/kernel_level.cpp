@@ -88,13 +88,20 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   for (int b = 0; b < cf.batch; ++b) {
     const int64_t T = cf.seqlens[size_t(b)];
-    const LatentCache<Acc> cache = cache_of<Acc>(k, b);
+    LatentCache<Acc> cache = cache_of<Acc>(k, b);
+    if (rounds_at(d.cache, A))  // the dequantized fp8 cache stored (bf16) before the dot products
+      for (Acc& x : cache.c) x = store(d.cache, x);
+    const Acc sigma = constant<Acc>(hook::softmax_scale(pt, cf));
     for (int i = 0; i < cf.s_q; ++i)
       for (int h = 0; h < cf.heads; ++h) {
         const int64_t row = (int64_t(b) * cf.s_q + i) * cf.heads + h;
         LatentQuery<Acc> q;
         q.q_latent.assign(ql.data.begin() + row * r, ql.data.begin() + (row + 1) * r);
         q.rope.assign(qr.data.begin() + row * dr, qr.data.begin() + (row + 1) * dr);
+        if (d.scale_in_q) {  // sigma multiplied into the given query, stored again
+          for (Acc& x : q.q_latent) x = round_point(d.q, A, x * sigma);
+          for (Acc& x : q.rope) x = round_point(d.rope, A, x * sigma);
+        }
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
         std::vector<int64_t> tokens;
         for (int64_t t = 0; t < T; ++t)
@@ -103,8 +110,8 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
         lse[row] = double(
             hook::lse_out(pt,
                           latent_attend(cf, q, cache, cf.group_of(h), tokens,
-                                        constant<Acc>(hook::softmax_scale(pt, cf)), pt,
-                                        d.p == A ? std::nullopt : std::optional<DType>(d.p), lat),
+                                        design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
+                                        RowRounding::of(d, A), lat),
                           Acc(std::log(2.0))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));

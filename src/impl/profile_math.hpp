@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/case.hpp"
+#include "core/design.hpp"
 #include "core/rope.hpp"
 #include "gpu/ordered_gemm.hpp"
 
@@ -147,6 +148,28 @@ Acc dot_maybe_lowp(const Acc* a, const Acc* b, int n, bool lowp) {
   return s;
 }
 
+// An approximate reciprocal square root's result (rsqrt.approx is within 2 ulp): y moved by -2..2
+// ulp of Acc, picked by y's own bits, so that every run of a design moves a value alike.
+template <class Acc>
+Acc approx_rsqrt_of(Acc y) {
+  if constexpr (!std::is_floating_point_v<Acc>) {
+    return y;
+  } else {
+    int e = 0;
+    const uint64_t bits = uint64_t(std::llround(std::fabs(std::frexp(double(y), &e)) * 0x1p40));
+    const int k = int((bits * 0x9E3779B97F4A7C15ull) >> 61) % 5 - 2;
+    return y * (Acc(1) + Acc(k) * std::numeric_limits<Acc>::epsilon() / Acc(2));
+  }
+}
+
+// The softmax scale a design multiplies its scores by: sigma, or 1 when sigma is folded into the
+// query; times log2(e) (one rounding of the product) when the design exponentiates in base 2.
+template <class Acc>
+Acc design_scale(const Design& d, double sigma) {
+  const double s = d.scale_in_q ? 1.0 : sigma;
+  return constant<Acc>(d.exp2 ? s * 1.4426950408889634 : s);
+}
+
 // 1 / sqrt(sum_sq / n + eps), all in Acc (E.2).
 template <class Acc>
 Acc inv_rms_from(Acc sum_sq, int n, Acc eps) {
@@ -205,6 +228,20 @@ Acc softmax(std::vector<Acc>& logits_to_p) {
       ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
   for (Acc& l : logits_to_p) l /= sum;
   return m + std::log(sum);
+}
+
+// The same over base-2 logits (the scale carried log2 e): p = exp2(l - m) / sum, and the natural
+// lse (m + log2 sum) ln 2, as exp2 kernels return it.
+template <class Acc>
+Acc softmax_base2(std::vector<Acc>& logits_to_p) {
+  if (logits_to_p.empty()) return -std::numeric_limits<Acc>::infinity();
+  Acc m = logits_to_p[0];
+  for (Acc l : logits_to_p) m = std::max(m, l);
+  for (Acc& l : logits_to_p) l = std::exp2(l - m);
+  const Acc sum =
+      ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
+  for (Acc& l : logits_to_p) l /= sum;
+  return (m + std::log2(sum)) * Acc(0.6931471805599453);
 }
 
 }  // namespace qkmla::impl

@@ -9,25 +9,66 @@
 
 namespace qkmla {
 
+namespace {
+
+// "PyTorch module (every op stored) (out bf16): ratio 0.97" per family, tightest first.
+std::string family_lines(const std::vector<FamilyFit>& fits, const std::string& indent) {
+  std::string text;
+  for (size_t n = 0; n < fits.size(); ++n) {
+    const FamilyFit& f = fits[n];
+    text += fmt::format("{}{}: ratio {:.3g} (yardstick rel_l2 {:.3g}){}\n", indent, f.family, f.ratio,
+                        f.yardstick,
+                        !f.consistent ? " (not consistent)" : n == 0 ? " <- tightest" : "");
+  }
+  return text;
+}
+
+// The verdict's one line: which design the outputs pass as, or why they fail.
+std::string verdict_line(const AuditResult& r) {
+  if (!r.nothing_judged.empty()) return "FAIL (" + r.nothing_judged + ")";
+  if (!r.pass()) return "FAIL";
+  if (!r.declared.empty()) return "PASS as the declared design " + r.declared;
+  const TensorAudit* shown = nullptr;  // the vector output when given, else lse
+  for (const TensorAudit& a : r.tensors)
+    if (!a.families.empty() && (!shown || a.j.tensor != "lse")) shown = &a;
+  if (!shown || !shown->families[0].consistent) return "PASS";
+  std::string text = fmt::format("PASS as {}: {} ratio {:.3g}", shown->families[0].family,
+                                 shown->j.tensor, shown->families[0].ratio);
+  const FamilyFit& last = shown->families.back();
+  if (!last.consistent) text += fmt::format("; {}: ratio {:.3g} (not consistent)", last.family, last.ratio);
+  return text;
+}
+
+}  // namespace
+
 std::string audit_text(const AuditResult& r, bool md) {
   const MlaConfig& c = r.cfg;
   std::string text =
-      fmt::format("{}qkmla audit: {} against {} ({} level, profile {}, preset {}, scenario {})\n",
+      fmt::format("{}qkmla audit: {} against {}\n({} level, profile {}, preset {}, scenario {})\n",
                   md ? "# " : "", r.impl, r.case_path, to_string(c.level), to_string(c.profile),
                   c.preset, c.scenario);
+  if (!r.declared.empty()) text += "declared design (strict): " + r.declared + "\n";
   if (!r.missing.empty())
     text +=
         fmt::format("{}not given (not judged): {}\n", md ? "\n" : "", fmt::join(r.missing, ", "));
   if (!r.ignored.empty())
     text += fmt::format("ignored (no reference in the case): {}\n", fmt::join(r.ignored, ", "));
+  if (!r.nothing_judged.empty()) text += r.nothing_judged + "\n";
   for (const TensorAudit& a : r.tensors) {
     const Judged& j = a.j;
+    const std::string state = !a.judged ? "not judged (no yardstick)" : j.v.pass ? "PASS" : "FAIL";
     text += fmt::format(
-        "{}{}: {}  max_abs {:.3g}  max_ulp {:.3g}  rel_l2 {:.3g}  cos_diff {:.3g}  baseline_ratio "
-        "{:.3g}  nonfinite {}\n",
-        md ? "\n## " : "\n", j.tensor, j.v.pass ? "PASS" : "FAIL", j.m.max_abs, j.m.max_ulp,
-        j.m.rel_l2, j.m.cos_diff, j.baseline_ratio, j.m.nonfinite_mismatch);
+        "{}{}: {}  max_abs {:.3g}  max_ulp {:.3g}  rel_l2 {:.3g}  cos_diff {:.3g}\n"
+        "  baseline_ratio {:.3g}  nonfinite {}  delivered {}\n",
+        md ? "\n## " : "\n", j.tensor, state, j.m.max_abs, j.m.max_ulp, j.m.rel_l2, j.m.cos_diff,
+        j.baseline_ratio, j.m.nonfinite_mismatch, dtype_name(a.delivered));
     for (const std::string& why : j.v.failed) text += "  failed: " + why + "\n";
+    if (!a.families.empty()) text += "  designs:\n" + family_lines(a.families, "    ");
+    if (r.undeclared.count(j.tensor))
+      text += "  without the declaration:\n" + family_lines(r.undeclared.at(j.tensor), "    ");
+    for (const StructureCheck& s : a.structure)
+      text += fmt::format("  {} {:.3g}: {:.3g}x the correct implementations' largest ({:.3g}){}\n",
+                          s.stat, s.value, s.ratio, s.yardstick, s.pass ? "" : "  FAIL");
     for (const Worst& w : a.worst)
       text +=
           fmt::format("  worst {} value {:.9g} ref {:.9g}\n", index_str(w.index), w.value, w.ref);
@@ -36,7 +77,7 @@ std::string audit_text(const AuditResult& r, bool md) {
     for (const auto& [b, v] : a.per_seq) seqs += fmt::format(" b{}={:.3g}", b, v);
     text += "  rel_l2 per head:" + heads + "\n  rel_l2 per sequence:" + seqs + "\n";
   }
-  if (!r.pass() && r.diagnosis.empty())
+  if (!r.pass() && r.diagnosis.empty() && r.nothing_judged.empty())
     text +=
         "\ndiagnosis: no convention tried (qkmla audit --help) matches the outputs better than the "
         "case's own\n";
@@ -51,7 +92,7 @@ std::string audit_text(const AuditResult& r, bool md) {
   }
   if (!r.diagnosis.empty()) text += "\n  (in parentheses: rel_l2 under the case's own conventions)";
   if (!r.diagnosis.empty()) text += "\n";
-  return text + fmt::format("\nverdict: {}\n", r.pass() ? "PASS" : "FAIL");
+  return text + "\nverdict: " + verdict_line(r) + "\n";
 }
 
 std::string audit_json(const AuditResult& r) {
@@ -59,6 +100,9 @@ std::string audit_json(const AuditResult& r) {
   j["impl"] = r.impl;
   j["case"] = r.case_path;
   j["verdict"] = r.pass() ? "PASS" : "FAIL";
+  j["verdict_line"] = verdict_line(r);
+  j["declared_design"] = r.declared;
+  j["nothing_judged"] = r.nothing_judged;
   j["missing"] = r.missing;
   j["ignored"] = r.ignored;
   j["designs"] = r.designs;
@@ -85,7 +129,26 @@ std::string audit_json(const AuditResult& r) {
                                 {"nonfinite_mismatch", x.m.nonfinite_mismatch},
                                 {"delivered", dtype_name(a.delivered)},
                                 {"yardstick_rel_l2", finite_or_null(a.yardstick)},
-                                {"yardstick_design", a.yardstick_design}};
+                                {"yardstick_design", a.yardstick_design},
+                                {"judged", a.judged}};
+    auto fits = [](const std::vector<FamilyFit>& v) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const FamilyFit& f : v)
+        arr.push_back({{"family", f.family},
+                       {"design", f.design},
+                       {"yardstick_rel_l2", finite_or_null(f.yardstick)},
+                       {"ratio", finite_or_null(f.ratio)},
+                       {"consistent", f.consistent}});
+      return arr;
+    };
+    t["designs"] = fits(a.families);
+    if (r.undeclared.count(x.tensor)) t["without_declaration"] = fits(r.undeclared.at(x.tensor));
+    for (const StructureCheck& s : a.structure)
+      t["structure"].push_back({{"stat", s.stat},
+                                {"value", finite_or_null(s.value)},
+                                {"yardstick", finite_or_null(s.yardstick)},
+                                {"ratio", finite_or_null(s.ratio)},
+                                {"pass", s.pass}});
     for (const Worst& w : a.worst)
       t["worst"].push_back({{"index", w.index}, {"value", w.value}, {"ref", w.ref}});
     for (const auto& [h, v] : a.per_head) t["per_head"].push_back({{"head", h}, {"rel_l2", v}});
@@ -101,8 +164,12 @@ std::string audit_junit(const AuditResult& r) {
   for (const TensorAudit& a : r.tensors) {
     std::string why;
     for (const std::string& w : a.j.v.failed) why += (why.empty() ? "" : "; ") + w;
+    if (!a.judged) continue;  // not judged: no testcase
     cases.push_back({"qkmla.audit", r.impl, a.j.tensor, a.j.v.pass, 0.0, a.j.v.first_metric, why});
   }
+  if (!r.nothing_judged.empty())
+    cases.push_back({"qkmla.audit", r.impl, "outputs", false, 0.0, "nothing_judged",
+                     r.nothing_judged});
   return junit_xml("qkmla.audit", cases);
 }
 

@@ -1,0 +1,72 @@
+#include "metrics/structure.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace qkmla {
+
+const std::vector<std::string>& structure_names() {
+  static const std::vector<std::string> n = {"worst_row", "worst_head", "worst_seq", "bias",
+                                             "row_bias"};
+  return n;
+}
+
+std::vector<double> structure_values(const Structure& s) {
+  return {s.worst_row, s.worst_head, s.worst_seq, s.bias, s.row_bias};
+}
+
+namespace {
+
+// Per unit: sum of squared errors, of squared references, and of error x reference.
+struct Sums {
+  std::vector<long double> ee, yy, ey;
+  explicit Sums(int64_t n) : ee(size_t(n), 0), yy(size_t(n), 0), ey(size_t(n), 0) {}
+  void add(int64_t u, double e, double y) {
+    ee[size_t(u)] += (long double)e * e;
+    yy[size_t(u)] += (long double)y * y;
+    ey[size_t(u)] += (long double)e * y;
+  }
+  double worst() const {
+    double w = 0;
+    for (size_t u = 0; u < ee.size(); ++u)
+      if (yy[u] > 0) w = std::max(w, double(std::sqrt(ee[u] / yy[u])));
+    return w;
+  }
+};
+
+}  // namespace
+
+Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>& mask) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const size_t rank = y.shape.size();
+  const int64_t width = rank == 4 ? y.shape[3] : 1;
+  const int64_t rows = width > 0 ? y.numel() / width : 0;
+  Sums row(rank == 4 ? rows : 0), head(rank >= 3 ? y.shape[2] : 0), seq(rank >= 1 ? y.shape[0] : 0);
+  Sums all(1);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
+      continue;
+    const double e = x[i] - y[i];
+    all.add(0, e, y[i]);
+    if (rank == 4) row.add(i / width, e, y[i]);
+    if (rank >= 3) head.add((i / width) % y.shape[2], e, y[i]);
+    if (rank >= 1) seq.add(i / (y.numel() / std::max<int64_t>(y.shape[0], 1)), e, y[i]);
+  }
+  Structure s;
+  s.worst_row = rank == 4 ? row.worst() : nan;
+  s.worst_head = rank >= 3 ? head.worst() : nan;
+  s.worst_seq = seq.worst();
+  s.bias = all.yy[0] > 0 ? double(std::fabs(all.ey[0] / all.yy[0])) : 0.0;
+  if (rank == 4) {
+    long double sq = 0;
+    int64_t n = 0;
+    for (size_t u = 0; u < row.yy.size(); ++u)
+      if (row.yy[u] > 0) sq += (row.ey[u] / row.yy[u]) * (row.ey[u] / row.yy[u]), ++n;
+    s.row_bias = n ? double(std::sqrt(sq / n)) : 0.0;
+  } else {
+    s.row_bias = nan;
+  }
+  return s;
+}
+
+}  // namespace qkmla

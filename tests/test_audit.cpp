@@ -1,0 +1,197 @@
+// audit.*: verdicts that follow the arithmetic, not the packaging (SPEC §5 "Judging"): what a
+// delivered dtype says, structure statistics, incomplete outputs, a declared (strict) design, and
+// a judged run never part of its own yardstick.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "harness/audit.hpp"
+#include "harness/golden.hpp"
+#include "harness/yardstick.hpp"
+#include "helpers.hpp"
+#include "impl/cpu_impls.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+CaseFile golden_of(const MlaConfig& c) {
+  Golden g = make_golden(generate_case(c), Level::Module, 113, "test");
+  REQUIRE(g.truth.ok());
+  return {g.k, g.refs, g.metadata};
+}
+
+// The outputs of one correct absorbed implementation of design `d` (forward order).
+std::map<std::string, Tensor> run_design(const CaseFile& cf, const Design& d) {
+  Outputs o = impl::cpu_absorbed(cf.k, {{Variant::Default, {}, d}})[0];
+  return {{"out", o.tensors.at("out")}, {"lse", o.tensors.at("lse")}};
+}
+
+// The same values in another container dtype (exact: they are representable there).
+Tensor in_container(Tensor t, DType d) {
+  for (double x : t.data) REQUIRE((std::isnan(x) || round_to(d, x) == x));
+  t.dtype = d;
+  return t;
+}
+
+AuditResult audit(const CaseFile& cf, std::map<std::string, Tensor> outs,
+                  const std::string& design = "") {
+  AuditOptions o;
+  o.rule = default_rule();
+  o.design = design;
+  o.diagnose = false;
+  return run_audit(cf, "case", std::move(outs), "outputs", o);
+}
+
+const TensorAudit& tensor(const AuditResult& r, const std::string& t) {
+  for (const TensorAudit& a : r.tensors)
+    if (a.j.tensor == t) return a;
+  FAIL("no tensor " << t);
+  return r.tensors.front();
+}
+
+}  // namespace
+
+// At 3f7e4fa an F32 out was read as "every rounding point fp32": SPEC §3's own absorbed design
+// delivered unrounded failed every bf16 audit (ratios to 7.5e3), and bf16 values delivered as F32
+// (.float()) failed where the same values as BF16 passed.
+TEST_CASE("audit.delivered_dtype.says_only_its_own_point") {
+  for (const char* scenario : {"normal", "large_logits", "outliers"}) {
+    const uint64_t seed = test::seed(70001);
+    MlaConfig c = test::tiny_config(Profile::BF16, {0, 17, 40}, 2, NormMode::Blockwise, seed);
+    c.scenario = scenario;
+    CAPTURE(scenario);
+    CAPTURE(seed);
+    const CaseFile cf = golden_of(c);
+    Design spec_f32 = spec_design(c.profile, Form::Absorbed);
+    spec_f32.out = DType::F32;
+    const AuditResult unrounded = audit(cf, run_design(cf, spec_f32));
+    CHECK(unrounded.pass());
+    Design torch = spec_design(c.profile, Form::Absorbed);  // every op stored in bf16
+    torch.score = torch.p = torch.latent_out = DType::BF16;
+    std::map<std::string, Tensor> bf = run_design(cf, torch);
+    std::map<std::string, Tensor> f32 = bf;
+    f32["out"] = in_container(bf["out"], DType::F32);
+    const AuditResult as_bf16 = audit(cf, bf), as_f32 = audit(cf, f32);
+    CHECK(as_bf16.pass());
+    CHECK(as_f32.pass());
+    const double r16 = tensor(as_bf16, "out").j.baseline_ratio;
+    const double r32 = tensor(as_f32, "out").j.baseline_ratio;
+    MESSAGE(scenario << ": ratio as BF16 " << r16 << ", as F32 " << r32);
+    // The F32 container adds out-unrounded designs; the least accurate stays the bf16-out one.
+    CHECK(r32 == doctest::Approx(r16).epsilon(0.05));
+  }
+}
+
+TEST_CASE("audit.incomplete.nothing_judged_is_not_a_pass") {
+  const CaseFile cf = golden_of(test::tiny_config(Profile::BF16, {0, 9, 30}, 2));
+  // alpha_k alone had passed with exit 0.
+  const AuditResult only_alpha = audit(cf, {{"alpha_k", cf.refs.at("ref.alpha_k")}});
+  CHECK_FALSE(only_alpha.pass());
+  CHECK(only_alpha.nothing_judged.find("the file holds only alpha_k") != std::string::npos);
+  // lse alone is a primary output: judged.
+  const std::map<std::string, Tensor> correct =
+      run_design(cf, spec_design(Profile::BF16, Form::Absorbed));
+  const AuditResult only_lse = audit(cf, {{"lse", correct.at("lse")}});
+  CHECK(only_lse.nothing_judged.empty());
+  CHECK(only_lse.pass());
+  CHECK(only_lse.missing == std::vector<std::string>{"out"});
+}
+
+// With --design the audit is strict: an error far beyond the declared design's yardstick fails even
+// where an undeclared legitimate design explains it, and the result says so.
+TEST_CASE("audit.declared_design.is_strict_and_names_both") {
+  const CaseFile cf = golden_of(test::tiny_config(Profile::BF16, {0, 17, 40}, 2));
+  Design spec_f32 = spec_design(Profile::BF16, Form::Absorbed);
+  spec_f32.out = DType::F32;
+  const std::map<std::string, Tensor> outs = run_design(cf, spec_f32);
+  CHECK(audit(cf, outs).pass());
+  const std::string fp32 = "q_latent=fp32,rope=fp32,latent_out=fp32,out=fp32";
+  const AuditResult strict = audit(cf, outs, fp32);
+  CHECK_FALSE(strict.pass());
+  const TensorAudit& out = tensor(strict, "out");
+  MESSAGE("declared all-fp32: out ratio " << out.j.baseline_ratio);
+  CHECK(out.j.baseline_ratio > 10);
+  REQUIRE(strict.undeclared.count("out"));
+  CHECK(strict.undeclared.at("out").front().consistent);  // an undeclared design explains it
+  CHECK(strict.declared.find("q=fp32") != std::string::npos);
+  // The declared SPEC design itself passes strictly.
+  CHECK(audit(cf, outs, "out=fp32").pass());
+}
+
+// A wrong head, a 1 % scale on out, a per-row scale (the softmax denominator rounded to bf16):
+// every one whose structure statistic is > 10x the largest of the correct designs' fails.
+TEST_CASE("audit.structure.catches_what_rel_l2_averages_away") {
+  MlaConfig c = test::tiny_config(Profile::BF16, {0, 40, 60}, 2, NormMode::Blockwise,
+                                  test::seed(70011), "paper-g8");
+  const CaseFile cf = golden_of(c);
+  const std::map<std::string, Tensor> good = run_design(cf, spec_design(c.profile, Form::Absorbed));
+  REQUIRE(audit(cf, good).pass());
+  const Tensor& out = good.at("out");  // [B, S_q, H, d_v]
+  const int64_t H = out.shape[2], dv = out.shape[3];
+  auto with = [&](auto&& change) {
+    std::map<std::string, Tensor> o = good;
+    for (int64_t i = 0; i < out.numel(); ++i)
+      o["out"][i] = round_to(DType::BF16, change(i / dv, (i / dv) % H, out[i]));
+    return o;
+  };
+  struct Bug {
+    std::string name;
+    std::map<std::string, Tensor> outs;
+  };
+  const std::vector<Bug> bugs = {
+      {"one_head", with([&](int64_t, int64_t h, double x) { return h == 5 ? x * 1.05 : x; })},
+      {"scale_bias", with([](int64_t, int64_t, double x) { return x * 1.01; })},
+      {"row_denominator_bf16", with([](int64_t row, int64_t, double x) {
+         const double d = 1.0 + 0.0123457 * double(row % 97);  // a denominator per row
+         return x * d / round_to(DType::BF16, d);
+       })}};
+  for (const Bug& b : bugs) {
+    CAPTURE(b.name);
+    const AuditResult r = audit(cf, b.outs);
+    const TensorAudit& a = tensor(r, "out");
+    double worst = a.j.baseline_ratio;
+    for (const StructureCheck& s : a.structure) {
+      MESSAGE(b.name << ": " << s.stat << " " << s.ratio << "x");
+      worst = std::max(worst, s.ratio);
+    }
+    if (worst > 10) CHECK_FALSE(r.pass());  // the rule: > 10x every correct design's fails
+    // Measured at seed 70011: one head 7.2x (worst_head), 1 % scale 10.5x (bias): both fail. The
+    // per-row denominator in bf16 is 0.7x: a PyTorch module's bf16 P makes per-row scale errors as
+    // large, so with bf16 out it is rounding-level, and it passes.
+    if (b.name != "row_denominator_bf16") CHECK_FALSE(r.pass());
+  }
+  // Delivered in fp32 by an fp32 compute, the same per-row error is far beyond rounding.
+  c.profile = Profile::FP32;
+  const CaseFile f32 = golden_of(c);
+  std::map<std::string, Tensor> o = run_design(f32, spec_design(c.profile, Form::Absorbed));
+  for (int64_t i = 0; i < o["out"].numel(); ++i) {
+    const double d = 1.0 + 0.0123457 * double((i / dv) % 97);
+    o["out"][i] = round_to(DType::F32, o["out"][i] * d / round_to(DType::BF16, d));
+  }
+  CHECK_FALSE(audit(f32, o).pass());
+}
+
+// The forward-order run of a design is one of the yardstick's samples: bit for bit the judged run
+// when a kernel happens to sum in that order, or the gate's cpu.* row itself. It is left out.
+TEST_CASE("audit.yardstick.leaves_out_the_judged_run") {
+  const CaseFile cf = golden_of(test::tiny_config(Profile::FP16, {0, 17, 40}, 2));
+  const Design d = spec_design(Profile::FP16, Form::Absorbed);
+  auto truth = [&](const std::string& t) { return &cf.refs.at("ref." + t); };
+  const Yardstick ys = measure_yardstick(cf.k, std::vector<Design>{d}, truth, {"out"});
+  const Tensor x = run_design(cf, d).at("out");
+  const uint64_t self = digest(x, valid_mask(cf.k, "out"));
+  double sq = 0;
+  int others = 0, same = 0;
+  for (const Yardstick::Sample& s : ys.samples) {
+    if (s.digest.at("out") == self) {
+      ++same;
+      continue;
+    }
+    sq += s.rel_l2.at("out") * s.rel_l2.at("out"), ++others;
+  }
+  CHECK(same >= 1);  // included at 3f7e4fa
+  REQUIRE(others >= 1);
+  CHECK(ys.rms(0, "out", self) == doctest::Approx(std::sqrt(sq / others)).epsilon(1e-12));
+  CHECK(ys.rms(0, "out", self) != ys.rms(0, "out"));
+}
