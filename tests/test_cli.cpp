@@ -162,6 +162,41 @@ TEST_CASE("cli.golden_audit.pass_and_fail") {
   CHECK(j["tensors"][0]["worst"][0]["index"] == nlohmann::json({1, 0, 2, 3}));
 }
 
+// Exit codes of incomplete outputs and of a declared design from the --budgets file: alpha_k alone
+// had passed with exit 0; a [design] table is as strict as --design.
+TEST_CASE("cli.audit.nothing_judged_and_design_table") {
+  Golden g;
+  qkmla::SafetensorsFile f = qkmla::read_safetensors(g.gcase);
+  qkmla::SafetensorsFile only;
+  only.tensors["alpha_k"] = f.tensors.at("ref.alpha_k");
+  qkmla::write_safetensors(g.dir + "/alpha.safetensors", only);
+  Run r = run("audit " + g.gcase + " " + g.dir + "/alpha.safetensors");
+  CAPTURE(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("nothing judged: the file holds only alpha_k") != std::string::npos);
+  // A bf16 case's reference rounded to bf16: a legitimate design explains it (PASS), a declared
+  // all-fp32 design in the --budgets file's [design] table does not (FAIL, both named).
+  const std::string bf = g.dir + "/bf16.safetensors";
+  REQUIRE(run("golden --preset tiny --profile bf16 --seqlens 0,9,21 --sq 2 -o " + bf).code == 0);
+  qkmla::SafetensorsFile b = qkmla::read_safetensors(bf), o;
+  o.tensors["out"] = b.tensors.at("ref.out");
+  o.tensors["out"].dtype = qkmla::DType::BF16;
+  for (double& v : o.tensors["out"].data) v = qkmla::round_to(qkmla::DType::BF16, v);
+  qkmla::write_safetensors(g.dir + "/bf16_out.safetensors", o);
+  CHECK(run("audit " + bf + " " + g.dir + "/bf16_out.safetensors").code == 0);
+  std::ofstream(g.dir + "/design.toml") << "[design]\nq_latent = \"fp32\"\nrope = \"fp32\"\n"
+                                           "latent_out = \"fp32\"\nout = \"fp32\"\n";
+  r = run("audit " + bf + " " + g.dir + "/bf16_out.safetensors --no-diagnose --budgets " + g.dir +
+          "/design.toml");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("declared design (strict): form=absorbed,q=fp32") != std::string::npos);
+  CHECK(r.out.find("without the declaration:") != std::string::npos);
+  std::ofstream(g.dir + "/bad_design.toml") << "[design]\nq_latent = \"fp9\"\n";
+  r = run("audit " + g.gcase + " " + g.outs + " --budgets " + g.dir + "/bad_design.toml");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("bad_design.toml") != std::string::npos);
+}
+
 TEST_CASE("cli.audit.lse_conventions") {
   Golden g;
   qkmla::SafetensorsFile o = qkmla::read_safetensors(g.outs);

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "core/design.hpp"
 #include "harness/audit.hpp"
 #include "io/case_io.hpp"
 #include "io/outputs_io.hpp"
@@ -44,8 +45,9 @@ Runner add_audit(CLI::App& app, const std::string&) {
   cmd->add_option("--design", f->o.design,
                   "the rounding points of the audited design, e.g. "
                   "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
-                  "the gains are merged into w_uk offline (default: inferred from the delivered "
-                  "dtypes, gains applied at run time)");
+                  "the gains are merged into w_uk offline; also score, cache, scale_in_q=yes, "
+                  "exp2=yes, rsqrt=approx. Strict: judged against this design only (default: "
+                  "every legitimate design consistent with what was delivered)");
   cmd->add_flag("!--no-diagnose", f->o.diagnose,
                 "on FAIL, do not evaluate the reference under alternative conventions (faster)");
   cmd->add_option("--budgets", f->budgets, "budget overrides (TOML: baseline_k, [[budget]])")
@@ -59,6 +61,14 @@ Runner add_audit(CLI::App& app, const std::string&) {
     const CaseFile cf = read_case(f->case_path);
     f->o.rule = default_rule();
     if (!f->budgets.empty()) apply_budget_file(f->o.rule, f->budgets);
+    if (f->o.design.empty() && !f->o.rule.design.empty()) {  // the file's [design] table
+      f->o.design = f->o.rule.design;
+      try {
+        parse_design(f->o.design, cf.k.cfg.profile, parse_form(f->o.form));
+      } catch (const ConfigError& e) {
+        throw InputError(f->budgets, "design", e.what());
+      }
+    }
     const AuditResult r =
         run_audit(cf, f->case_path, read_outputs(f->outputs_path), f->outputs_path, f->o);
     if (!f->junit.empty())

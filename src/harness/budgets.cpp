@@ -71,9 +71,23 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
   const toml::table t = parse_toml(text, path);
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
-    if (k != "baseline_k" && k != "baseline_k_source" && k != "budget")
+    if (k != "baseline_k" && k != "baseline_k_source" && k != "budget" && k != "design")
       throw InputError(path, k,
-                       "unknown key (expected baseline_k, baseline_k_source or [[budget]])");
+                       "unknown key (expected baseline_k, baseline_k_source, [[budget]] or "
+                       "[design])");
+  }
+  if (const auto* node = t.get("design")) {
+    const toml::table* d = node->as_table();
+    if (!d) throw InputError(path, "design", "must be a table ([design])");
+    std::string text;
+    for (const auto& [key, v] : *d) {
+      const auto value = v.value<std::string>();
+      if (!value)
+        throw InputError(path, "design." + std::string(key.str()),
+                         "must be a string (e.g. q_latent = \"bf16\")");
+      text += (text.empty() ? "" : ",") + std::string(key.str()) + "=" + *value;
+    }
+    rule.design = text;
   }
   apply_budget_text(rule, text, path);
 }

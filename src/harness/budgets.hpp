@@ -22,13 +22,16 @@ struct GateRule {
   double baseline_k = 2.0;  // SPEC §6 default; the budget table sets the measured one
   std::string baseline_k_source = "SPEC §6";
   std::vector<Budget> budgets;
+  // A declared design from the file's [design] table (core/design.hpp syntax, "" when none): an
+  // audit given the file judges strictly against it, as with --design.
+  std::string design;
 };
 
 // The built-in table: src/gate/budgets.toml, compiled in (proofs/budgets.md explains it).
 GateRule default_rule();
 const std::string& default_budget_text();
-// Reads overrides: `baseline_k = K` and [[budget]] tables with impl/profile/tensor/metric/max/
-// source. Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones.
+// Reads overrides: `baseline_k = K`, [[budget]] tables with impl/profile/tensor/metric/max/
+// source, and a [design] table of rounding points (keys of core/design.hpp, string values). Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones.
 // Throws InputError naming the file and the key.
 void apply_budget_file(GateRule& rule, const std::string& path);
 // The same for TOML text already read; `name` is what messages call the file.
