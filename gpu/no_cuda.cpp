@@ -16,6 +16,7 @@ bool device_available(std::string* why) {
   return false;
 }
 int device_sm_count() { return 0; }
+long device_launch_count() { return 0; }
 std::string device_description() { return ""; }
 std::string compiled_arch_list() { return ""; }
 GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime_error(kWhy); }

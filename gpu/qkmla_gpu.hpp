@@ -72,6 +72,9 @@ int device_sm_count();
 std::string compiled_arch_list();
 // "NVIDIA H200, sm_90, 132 SMs, driver 13.0, runtime 13.0", or empty without a device.
 std::string device_description();
+// Kernel launches made by run_on_device in this process (counted where they are made, so a
+// sanitizer run can prove that it checked something); 0 without CUDA.
+long device_launch_count();
 
 // `qkmla bench`: the paper's decode table (SPEC §12), on the device only.
 struct BenchRow {
