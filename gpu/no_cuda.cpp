@@ -2,6 +2,7 @@
 // point says so; the CPU model (model.cpp) is always built.
 #include <stdexcept>
 
+#include "bench_sweep.hpp"
 #include "qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
@@ -23,5 +24,8 @@ GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime
 std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) {
   throw std::runtime_error(kWhy);
 }
+BenchRow run_bench_row(const BenchOptions&, int) { throw std::runtime_error(kWhy); }
+double measure_copy_gbs(size_t, int) { throw std::runtime_error(kWhy); }
+BenchBackend device_bench_backend() { throw std::runtime_error(kWhy); }
 
 }  // namespace qkmla::gpu

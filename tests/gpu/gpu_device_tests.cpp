@@ -8,7 +8,7 @@
 //   gpu_device_tests preflight  the device, the compiled architectures and one tiny run vs the
 //     model (exit 0 only when a kernel ran and matched)
 // Without a device (any machine, test gpu.emulated.bits):
-//   gpu_device_tests bits-emulated [forward|reverse|shuffled]   the same matrix with the real
+//   gpu_device_tests bits-emulated [forward|reverse|shuffled|interleaved]   the same matrix with the real
 //     shapes shortened, the kernels run by the CPU emulator (gpu/emulator.hpp) in that thread order
 #include <chrono>
 #include <cmath>
@@ -174,9 +174,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]).rfind("bits-emulated", 0) == 0) {
     gpu::emu::LaunchOptions e;
     const std::string order = argc > 2 ? argv[2] : "forward";
-    e.order = order == "reverse"    ? gpu::emu::Order::Reverse
-              : order == "shuffled" ? gpu::emu::Order::Shuffled
-                                    : gpu::emu::Order::Forward;
+    e.order = order == "reverse"                               ? gpu::emu::Order::Reverse
+              : order == "shuffled" || order == "interleaved" ? gpu::emu::Order::Shuffled
+                                                              : gpu::emu::Order::Forward;
+    if (order == "interleaved") e.interleave = 3;  // three blocks in flight, taking turns
     e.seed = 20261202;
     std::cout << "device: " << gpu::emu::describe(e) << "\n";
     try {
