@@ -2,6 +2,7 @@
 // the alpha_q * alpha_k scaling (QK-norm) and with it disabled (plain MLA), same kernel, same data.
 #include <algorithm>
 
+#include "bench_sweep.hpp"
 #include "device_util.cuh"
 #include "plan.hpp"
 #include "qkmla_gpu.hpp"
@@ -31,6 +32,22 @@ DevBuf random_buffer(size_t n, float lo, float hi, uint32_t seed) {
   return d;
 }
 
+// Reads the flush buffer after it was written (memset): L2 is then full of clean lines of it, so
+// no dirty line is written back inside the timed region. The sum is stored only if impossible.
+__global__ void l2_read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    acc ^= p[i].x ^ p[i].y ^ p[i].z ^ p[i].w;
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+void flush_l2(const DevBuf& buf, int rep) {
+  QK_CUDA(cudaMemset(buf.get(), rep & 0xff, buf.bytes()));
+  l2_read_kernel<<<1024, 256>>>(buf.get<uint4>(), buf.bytes() / 16 - 1, buf.get<unsigned>() + buf.bytes() / 4 - 1);
+  QK_CUDA(cudaGetLastError());
+}
+
 struct Timing {
   double median = 0, spread = 0;
 };
@@ -43,15 +60,13 @@ Timing summarize(std::vector<float> ms) {
 
 }  // namespace
 
-std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
+BenchRow run_bench_row(const BenchOptions& bo, int ctx) {
   std::string why;
   if (!device_available(&why)) throw std::runtime_error(why);
   QK_CUDA(cudaSetDevice(0));
   cudaDeviceProp prop{};
   QK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  if (device) *device = prop.name;
-  std::vector<BenchRow> rows;
-  for (int ctx : bo.contexts) {
+  {
     Dims d;
     d.B = bo.batch, d.S_q = 1, d.H = bo.heads, d.G = bo.groups, d.r = bo.r, d.d_c = bo.d_c,
     d.d_r = bo.d_r;
@@ -105,12 +120,13 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
     };
     EventTimer timer;
     std::vector<float> t_norm, t_plain;
-    // Written between repetitions (untimed): a buffer twice the L2 evicts the cache, so a context
-    // that fits in L2 (4k and 8k: 20-40 MB; an H200 has 50 MB of L2) is still read from HBM.
+    // Written, then read, between repetitions (untimed): a buffer twice the L2 evicts the cache
+    // and leaves only clean lines, so a context that fits in L2 (4k and 8k: 20-40 MB; an H200 has
+    // 50 MB of L2) is still read from HBM, and no write-back falls into the timed region.
     DevBuf l2_flush(size_t(2) * size_t(std::max(prop.l2CacheSize, 1 << 20)));
     for (int rep = 0; rep < bo.warmup + bo.reps; ++rep)
       for (bool norm : {true, false}) {  // interleaved, so drift hits both alike
-        QK_CUDA(cudaMemset(l2_flush.get(), rep & 0xff, l2_flush.bytes()));
+        flush_l2(l2_flush, rep);
         timer.start();
         step(norm);
         timer.stop();
@@ -119,7 +135,7 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
       }
     const Timing tn = summarize(t_norm), tp = summarize(t_plain);
     BenchRow row;
-    row.context = ctx;
+    row.batch = d.B, row.heads = d.H, row.groups = d.G, row.context = ctx;
     row.ms_norm = tn.median, row.spread_norm = tn.spread;
     row.ms_plain = tp.median, row.spread_plain = tp.spread;
     row.overhead_pct = 100.0 * (tn.median - tp.median) / tp.median;
@@ -130,9 +146,46 @@ std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
     row.pages_per_split = plan.pages_per_split;
     row.splits = plan.max_splits;
     row.partial_bytes = double(BR) * plan.max_splits * (d.r + 1) * 4.0 * 2.0;
-    rows.push_back(row);
+    return row;
   }
+}
+
+std::vector<BenchRow> run_bench(const BenchOptions& bo, std::string* device) {
+  std::string why;
+  if (!device_available(&why)) throw std::runtime_error(why);
+  cudaDeviceProp prop{};
+  QK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (device) *device = prop.name;
+  std::vector<BenchRow> rows;
+  for (int ctx : bo.contexts) rows.push_back(run_bench_row(bo, ctx));
   return rows;
+}
+
+double measure_copy_gbs(size_t bytes, int reps) {
+  std::string why;
+  if (!device_available(&why)) throw std::runtime_error(why);
+  QK_CUDA(cudaSetDevice(0));
+  DevBuf a(bytes), b(bytes);
+  QK_CUDA(cudaMemset(a.get(), 1, bytes));
+  EventTimer timer;
+  std::vector<float> ms;
+  for (int i = 0; i < reps + 2; ++i) {
+    timer.start();
+    QK_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    timer.stop();
+    if (i >= 2) ms.push_back(timer.ms());  // two warm-up copies
+  }
+  return 2.0 * double(bytes) / (summarize(ms).median * 1e-3) / 1e9;
+}
+
+BenchBackend device_bench_backend() {
+  std::string why;
+  if (!device_available(&why)) throw std::runtime_error(why);
+  BenchBackend be;
+  be.device = device_description();
+  be.copy_gbs = [] { return measure_copy_gbs(size_t(2) << 30, 10); };  // 2 GiB, far past L2
+  be.row = [](const BenchOptions& o, int ctx) { return run_bench_row(o, ctx); };
+  return be;
 }
 
 }  // namespace qkmla::gpu

@@ -1,36 +1,106 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one run on a lent GPU (budget: under 5 minutes on an H200),
-# results under $OUT. Uses a build made beforehand by gpu/prepare_device_bundle.sh (the device
-# machine has nvcc but not the project's Debian libraries), carried as build-device/:
-#   device run: command "bash gpu/device_check.sh", carry ["build-device"], timeout_s 360
-# (the steps are capped at 120 + 3 x 20 + 40 + 70 s, so the whole run stays under 5 minutes), then
-# give the device back and commit $OUT under reports/ with the device, driver, date and commit.
-# Files written: device.txt (nvidia-smi, driver, date), kernels-vs-model.txt (bit-exactness of
-# every kernel against its CPU model), report.md (qkmla report with gpu.absorbed/gpu.explicit
-# rows and the kernel-vs-model notes), bench.md (the paper's decode table), ptxas.txt,
-# sanitizer-{memcheck,racecheck,synccheck}.txt (compute-sanitizer on tiny shapes; skipped with a
-# line saying so where the tool is absent). Every step's output is line-buffered, so a step killed
-# by its limit keeps what it printed.
-set -u
+# Every GPU check of the project in one prepared run on a lent GPU: at most 7 minutes, at most 8
+# files under $OUT. Uses the bundle made beforehand by gpu/prepare_device_bundle.sh (built here,
+# where the Debian libraries are; its binaries find the bundled libraries through an $ORIGIN
+# rpath, so nothing else on the machine sees them), carried as build-device/:
+#   device run: command "bash gpu/device_check.sh", carry ["build-device"], timeout_s 480
+# then give the device back and commit $OUT under reports/ with the device, driver and date.
+# Order: preflight (bundle present, a GPU listed, the driver's CUDA >= the bundle's runtime, the
+# bundle's own runtime finds the device; any failure stops the run, exit 2), bits (every kernel vs
+# its CPU model), compute-sanitizer memcheck/racecheck/synccheck/initcheck on a small dedicated
+# case set (each must show "ran N kernel launches" with N > 0, or it fails as vacuous), the bench
+# sweep (JSON lines as rows finish, a copy baseline), one Nsight Compute summary of the decode
+# kernel (if ncu exists), the MMA probe, the report. Every step's output is shown as it runs
+# (stdout, also log.txt), so a time-out keeps the story. Exit 0 only when every step passed.
+# Files: log.txt (everything, with nvidia-smi and the ptxas summary), steps.jsonl (one line per
+# step and check), kernels-vs-model.txt, sanitizers.txt, bench.jsonl, ncu.txt, mma-probe.bin,
+# report.md. Overrides (tests): QKMLA_DEVICE_BUILD, QKMLA_NVIDIA_SMI, QKMLA_SANITIZER, QKMLA_NCU,
+# QKMLA_LIMIT_<STEP> (seconds; STEP in PREFLIGHT BITS SANITIZER BENCH NCU PROBE REPORT).
+set -u -o pipefail
 OUT=${OUT:-$PWD/device-out}
 B=${QKMLA_DEVICE_BUILD:-build-device}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$B/lib:${LD_LIBRARY_PATH:-}"
-QKMLA_COMMIT=$(cat "$B/COMMIT" 2>/dev/null || echo unknown)
-export QKMLA_COMMIT
-source "$(dirname "$0")/device_steps.sh"  # step NAME SECONDS COMMAND...
-{ date -u; echo "commit $QKMLA_COMMIT"; nvidia-smi || true; } > "$OUT/device.txt" 2>&1
-cp "$B/ptxas.txt" "$OUT/ptxas.txt" 2>/dev/null
-step kernels-vs-model 120 "$B/tests/gpu_device_tests" bits > "$OUT/kernels-vs-model.txt" 2>&1
-san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for tool in memcheck racecheck synccheck; do
-  if [ -x "$san" ]; then
-    step "sanitizer-$tool" 20 "$san" --tool "$tool" --error-exitcode 3 \
-      "$B/tests/gpu_device_tests" bits-small > "$OUT/sanitizer-$tool.txt" 2>&1
-  else
-    echo "sanitizer-$tool: skipped, compute-sanitizer not found" >> "$OUT/steps.txt"
+rm -f "$OUT/steps.jsonl"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+TEE_PID=$!
+source "$(dirname "$0")/device_steps.sh"
+# Limits (s): 15 + 110 + 4 x 20 + 80 + 40 + 15 + 45 = 385, + 9 x 3 s grace = 412 s < 7 minutes.
+L_PREFLIGHT=${QKMLA_LIMIT_PREFLIGHT:-15} L_BITS=${QKMLA_LIMIT_BITS:-110}
+L_SAN=${QKMLA_LIMIT_SANITIZER:-20} L_BENCH=${QKMLA_LIMIT_BENCH:-80} L_NCU=${QKMLA_LIMIT_NCU:-40}
+L_PROBE=${QKMLA_LIMIT_PROBE:-15} L_REPORT=${QKMLA_LIMIT_REPORT:-45}
+SMI=${QKMLA_NVIDIA_SMI:-nvidia-smi}
+SAN=${QKMLA_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+NCU=${QKMLA_NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+T=$B/tests/gpu_device_tests Q=$B/src/qkmla P=$B/gpu/probe_mma
+
+finish() {  # at most 8 files come back: anything beyond is packed into one archive
+  local files n
+  mapfile -t files < <(cd "$OUT" && find . -type f ! -name log.txt ! -name steps.jsonl | sort)
+  n=$((${#files[@]} + 2))
+  if [ "$n" -gt 8 ]; then
+    echo "== $n files under \$OUT: packing ${#files[@]} of them into extra.tar"
+    (cd "$OUT" && tar -cf extra.tar --remove-files "${files[@]}")
   fi
+  echo "== device_check: exit $1 ($FAILED failed steps or checks; files: $(cd "$OUT" && ls | tr '\n' ' '))"
+  exec 1>&- 2>&-
+  wait "$TEE_PID" 2> /dev/null
+  exit "$1"
+}
+
+stop() {  # a failed preflight: say why, loudly, and stop before any step
+  check preflight FAIL "$1"
+  echo "PREFLIGHT FAILED: $1. Nothing else was run."
+  finish 2
+}
+
+# --- preflight -------------------------------------------------------------------------------
+echo "== device_check at $(date -u +%FT%TZ), bundle $B, commit $(cat "$B/COMMIT" 2> /dev/null)"
+for f in "$T" "$Q" "$P" "$B/COMMIT" "$B/CUDA_RUNTIME"; do
+  [ -e "$f" ] || stop "the bundle lacks $f (run gpu/prepare_device_bundle.sh here and carry $B)"
 done
-step bench 40 "$B/src/qkmla" bench --format md -o "$OUT/bench.md" 2>> "$OUT/steps.txt"
-step report 70 "$B/src/qkmla" report --threads 16 --format md -o "$OUT/report.md" 2>> "$OUT/steps.txt"
-cat "$OUT/steps.txt"
+command -v "$SMI" > /dev/null || stop "$SMI not found: no NVIDIA driver on this machine"
+gpus=$(timeout -k 2 10 "$SMI" -L 2>&1)
+echo "$gpus"
+grep -q '^GPU [0-9]' <<< "$gpus" || stop "no GPU listed by $SMI -L"
+drv=$(timeout -k 2 10 "$SMI" 2>&1 | grep -o 'CUDA Version: *[0-9.]*' | grep -o '[0-9.]*$')
+rt=$(cat "$B/CUDA_RUNTIME")
+echo "driver supports CUDA ${drv:-?}; the bundle's runtime is CUDA $rt"
+[ -n "$drv" ] || stop "$SMI shows no 'CUDA Version'"
+[ "$(printf '%s\n%s\n' "$rt" "$drv" | sort -V | head -1)" = "$rt" ] ||
+  stop "the driver supports CUDA $drv, older than the bundle's runtime $rt"
+step preflight "$L_PREFLIGHT" - "$T" preflight
+[ "$STEP_RC" -eq 0 ] || stop "the bundle's own runtime finds no usable device (gpu_device_tests preflight: exit $STEP_RC)"
+check preflight OK "device found, driver CUDA $drv >= runtime $rt"
+echo "== ptxas summary of the bundle:" && cat "$B/ptxas.txt" 2> /dev/null | head -60
+
+# --- the steps ---------------------------------------------------------------------------------
+step bits "$L_BITS" "$OUT/kernels-vs-model.txt" "$T" bits
+for tool in memcheck racecheck synccheck initcheck; do
+  if [ ! -x "$SAN" ]; then
+    check "sanitizer-$tool" FAIL "compute-sanitizer not found ($SAN)"
+    continue
+  fi
+  log=$OUT/sanitizer-$tool.part
+  step "sanitizer-$tool" "$L_SAN" "$log" "$SAN" --tool "$tool" --error-exitcode 3 "$T" sanitize
+  n=$(grep -o 'ran [0-9]* kernel launches' "$log" | tail -1 | grep -o '[0-9]*')
+  errors=$(grep -c 'ERROR SUMMARY: 0 errors' "$log")
+  cat "$log" >> "$OUT/sanitizers.txt" && rm -f "$log"
+  if [ "$STEP_RC" -eq 0 ] && [ "${n:-0}" -gt 0 ] && [ "$errors" -gt 0 ]; then
+    check "sanitizer-$tool" OK "$n kernel launches checked, 0 errors"
+  else
+    check "sanitizer-$tool" FAIL "vacuous or failed: ${n:-no} kernel launches seen, or errors"
+  fi
+  echo "---- end of $tool" >> "$OUT/sanitizers.txt"
+done
+step bench "$L_BENCH" - "$Q" bench --sweep --warmup 3 --reps 15 --format jsonl -o "$OUT/bench.jsonl"
+if [ -x "$NCU" ]; then
+  step ncu "$L_NCU" "$OUT/ncu.txt" "$NCU" --kernel-name regex:decode_kernel --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+    --section Occupancy "$Q" bench --contexts 65536 --batch 4 --warmup 0 --reps 3
+else
+  echo "== ncu: not found ($NCU); no Nsight Compute summary"
+fi
+step mma-probe "$L_PROBE" - "$P" "$OUT/mma-probe.bin"
+step report "$L_REPORT" - "$Q" report --threads 16 --format md -o "$OUT/report.md"
+echo "== steps:" && cat "$OUT/steps.jsonl"
+finish "$([ "$FAILED" -eq 0 ] && echo 0 || echo 1)"

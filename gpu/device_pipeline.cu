@@ -1,4 +1,6 @@
 // run_on_device: the pipeline (pipeline.hpp) on device 0 through CUDA memory and launches.
+#include <atomic>
+
 #include "device_util.cuh"
 #include "pipeline.hpp"
 
@@ -41,6 +43,11 @@ std::string device_description() {
 }
 
 namespace {
+std::atomic<long> g_launches{0};
+}  // namespace
+long device_launch_count() { return g_launches.load(); }
+
+namespace {
 
 // CUDA memory and launches for run_pipeline (pipeline.hpp).
 struct DeviceBackend {
@@ -59,6 +66,7 @@ struct DeviceBackend {
   void launch(void (*kernel)(A), dim3 grid, unsigned threads, const A& args) {
     kernel<<<grid, threads>>>(args);
     QK_CUDA(cudaGetLastError());
+    ++g_launches;
   }
   void synchronize() { QK_CUDA(cudaDeviceSynchronize()); }
   void timer_start() { timer.start(); }

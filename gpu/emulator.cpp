@@ -7,6 +7,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <numeric>
@@ -41,13 +42,26 @@ struct Fiber {
 #endif
 };
 
-struct Launch {
-  Dim3 grid, block, bid;
-  const std::function<void()>* body = nullptr;
+// One block's threads, and its __shared__ contents while another block runs (interleaving).
+struct Block {
+  Dim3 bid;
   std::vector<Fiber> fibers;
+  std::vector<unsigned> order;                    // this pass's thread order
+  size_t pos = 0;                                 // the running thread's position in it
+  std::vector<const void*> seen;                  // shared regions this block has reached
+  std::vector<std::vector<unsigned char>> saved;  // their contents, parallel to `seen`
+  Block(Dim3 b, unsigned threads);
+  ~Block();
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+};
+
+struct Launch {
+  Dim3 grid, block;
+  Block* cur = nullptr;  // the running block
+  const std::function<void()>* body = nullptr;
   Fiber* current = nullptr;
-  std::vector<unsigned> order;  // this pass's thread order
-  size_t pos = 0;               // the running thread's position in it
+  std::vector<std::pair<void*, size_t>> shared;  // every region registered in this launch
   ucontext_t scheduler{};
   std::exception_ptr error;
 #ifdef QK_ASAN_FIBERS
@@ -62,18 +76,15 @@ thread_local Launch* g_launch = nullptr;
 // 256 threads; allocating 256 KB stacks anew for each one cost page faults, not work).
 thread_local std::vector<std::unique_ptr<char[]>> g_stack_pool;
 
-// Lends the pool's stacks to a launch's fibers and takes them back, also when the launch throws.
-struct StackLoan {
-  std::vector<Fiber>& fibers;
-  explicit StackLoan(std::vector<Fiber>& f) : fibers(f) {
-    for (Fiber& x : fibers)
-      if (!g_stack_pool.empty()) x.stack = std::move(g_stack_pool.back()), g_stack_pool.pop_back();
-  }
-  ~StackLoan() {
-    for (Fiber& x : fibers)
-      if (x.stack) g_stack_pool.push_back(std::move(x.stack));
-  }
-};
+// A block's fibers borrow the pool's stacks and give them back, also when the launch throws.
+Block::Block(Dim3 b, unsigned threads) : bid(b), fibers(threads) {
+  for (Fiber& x : fibers)
+    if (!g_stack_pool.empty()) x.stack = std::move(g_stack_pool.back()), g_stack_pool.pop_back();
+}
+Block::~Block() {
+  for (Fiber& x : fibers)
+    if (x.stack) g_stack_pool.push_back(std::move(x.stack));
+}
 
 Launch& active() {
   if (!g_launch) throw KernelFault("emulator: a CUDA built-in was used outside a kernel launch");
@@ -81,15 +92,17 @@ Launch& active() {
 }
 
 std::string where(const Launch& L, const Fiber& f) {
-  return "block (" + std::to_string(L.bid.x) + "," + std::to_string(L.bid.y) + "," +
-         std::to_string(L.bid.z) + ") thread (" + std::to_string(f.tid.x) + "," +
+  const Dim3& b = L.cur->bid;
+  return "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+         std::to_string(b.z) + ") thread (" + std::to_string(f.tid.x) + "," +
          std::to_string(f.tid.y) + "," + std::to_string(f.tid.z) + ")";
 }
 
-// The next thread of this pass that can run, after position L.pos of L.order; null when none.
+// The next thread of this pass that can run in the running block; null when none.
 Fiber* next_in_pass(Launch& L) {
-  while (++L.pos < L.order.size()) {
-    Fiber& g = L.fibers[L.order[L.pos]];
+  Block& K = *L.cur;
+  while (++K.pos < K.order.size()) {
+    Fiber& g = K.fibers[K.order[K.pos]];
     if (g.state == State::Runnable) return &g;
   }
   return nullptr;
@@ -141,7 +154,7 @@ void fiber_entry() {
 
 // Scheduler -> the pass's first runnable fiber; returns when the pass is over.
 void run_pass(Launch& L) {
-  L.pos = size_t(-1);
+  L.cur->pos = size_t(-1);
   Fiber* first = next_in_pass(L);
   if (!first) return;
   L.current = first;
@@ -170,10 +183,11 @@ void start_fiber(Launch& L, Fiber& f, unsigned linear) {
 // Completes the warp operation (a shuffle's exchange, a __syncwarp) of every warp whose 32 lanes
 // all wait in one. Returns whether any did.
 bool complete_warp_ops(Launch& L) {
+  std::vector<Fiber>& fibers = L.cur->fibers;
   bool any = false;
-  for (size_t w = 0; w * kWarp < L.fibers.size(); ++w) {
-    Fiber* lanes = &L.fibers[w * kWarp];
-    const size_t n = std::min<size_t>(kWarp, L.fibers.size() - w * kWarp);
+  for (size_t w = 0; w * kWarp < fibers.size(); ++w) {
+    Fiber* lanes = &fibers[w * kWarp];
+    const size_t n = std::min<size_t>(kWarp, fibers.size() - w * kWarp);
     const size_t waiting = size_t(
         std::count_if(lanes, lanes + n, [](const Fiber& f) { return f.state == State::AtWarpOp; }));
     if (waiting == 0 || waiting < n) continue;
@@ -199,36 +213,59 @@ bool complete_warp_ops(Launch& L) {
 
 // Called when no thread can run: opens the barrier, or names the fault.
 void open_barrier_or_fault(Launch& L) {
-  for (const Fiber& f : L.fibers)
+  std::vector<Fiber>& fibers = L.cur->fibers;
+  for (const Fiber& f : fibers)
     if (f.state == State::AtWarpOp)
       throw KernelFault("emulator: " + where(L, f) +
                         " waits in a warp shuffle or __syncwarp that a lane of its warp never " +
                         "reaches (it exited or waits at __syncthreads)");
   // No thread runs, none waits in a warp operation and not all exited: some wait at the barrier.
-  const auto waiting = std::find_if(L.fibers.begin(), L.fibers.end(),
+  const auto waiting = std::find_if(fibers.begin(), fibers.end(),
                                     [](const Fiber& f) { return f.state == State::AtBarrier; });
-  for (const Fiber& f : L.fibers)
+  for (const Fiber& f : fibers)
     if (f.state == State::Exited)
       throw KernelFault("emulator: " + where(L, f) + " exited while " + where(L, *waiting) +
                         " waits at __syncthreads (divergent barrier)");
-  for (Fiber& f : L.fibers) f.state = State::Runnable;
+  for (Fiber& f : fibers) f.state = State::Runnable;
 }
 
-void run_block(Launch& L, const LaunchOptions& o, std::mt19937_64& rng) {
-  const unsigned n = L.block.count();
-  for (unsigned i = 0; i < n; ++i) start_fiber(L, L.fibers[i], i);
-  L.order.resize(n);
-  std::iota(L.order.begin(), L.order.end(), 0u);
-  if (o.order == Order::Reverse) std::reverse(L.order.begin(), L.order.end());
-  for (;;) {
-    if (o.order == Order::Shuffled) std::shuffle(L.order.begin(), L.order.end(), rng);
-    run_pass(L);  // every runnable thread runs, in order, until it blocks or exits
-    if (L.error) std::rethrow_exception(L.error);
-    if (std::all_of(L.fibers.begin(), L.fibers.end(),
-                    [](const Fiber& f) { return f.state == State::Exited; }))
-      return;
-    if (!complete_warp_ops(L)) open_barrier_or_fault(L);
-  }
+// Switches the live __shared__ contents from block `from` (saved) to block `to` (restored).
+void switch_shared(Launch& L, Block* from, Block* to) {
+  if (from == to) return;
+  if (from)
+    for (size_t i = 0; i < from->seen.size(); ++i) {
+      const auto r = std::find_if(L.shared.begin(), L.shared.end(),
+                                  [&](const auto& x) { return x.first == from->seen[i]; });
+      const auto* p = static_cast<const unsigned char*>(r->first);
+      from->saved[i].assign(p, p + r->second);
+    }
+  if (to)
+    for (size_t i = 0; i < to->seen.size(); ++i)
+      std::memcpy(const_cast<void*>(to->seen[i]), to->saved[i].data(), to->saved[i].size());
+  L.cur = to;
+}
+
+void start_block(Launch& L, Block& K, const LaunchOptions& o) {
+  Block* was = L.cur;
+  L.cur = &K;
+  for (unsigned i = 0; i < K.fibers.size(); ++i) start_fiber(L, K.fibers[i], i);
+  K.order.resize(K.fibers.size());
+  std::iota(K.order.begin(), K.order.end(), 0u);
+  if (o.order == Order::Reverse) std::reverse(K.order.begin(), K.order.end());
+  L.cur = was;
+}
+
+// One pass of the running block, then its warp operations or barrier. Returns whether it is done.
+bool step_block(Launch& L, const LaunchOptions& o, std::mt19937_64& rng) {
+  Block& K = *L.cur;
+  if (o.order == Order::Shuffled) std::shuffle(K.order.begin(), K.order.end(), rng);
+  run_pass(L);  // every runnable thread runs, in order, until it blocks or exits
+  if (L.error) std::rethrow_exception(L.error);
+  if (std::all_of(K.fibers.begin(), K.fibers.end(),
+                  [](const Fiber& f) { return f.state == State::Exited; }))
+    return true;
+  if (!complete_warp_ops(L)) open_barrier_or_fault(L);
+  return false;
 }
 
 }  // namespace
@@ -244,14 +281,28 @@ void launch(Dim3 grid, Dim3 block, const std::function<void()>& thread_body,
   L.grid = grid;
   L.block = block;
   L.body = &thread_body;
-  L.fibers.resize(block.count());
-  const StackLoan loan(L.fibers);
   std::mt19937_64 rng(o.seed);
+  const unsigned blocks = grid.count(), live_max = std::max(1u, o.interleave);
+  std::vector<std::unique_ptr<Block>> live;  // blocks started and not finished
+  unsigned next = 0, turn = 0;
   g_launch = &L;
   try {
-    for (L.bid.z = 0; L.bid.z < grid.z; ++L.bid.z)
-      for (L.bid.y = 0; L.bid.y < grid.y; ++L.bid.y)
-        for (L.bid.x = 0; L.bid.x < grid.x; ++L.bid.x) run_block(L, o, rng);
+    while (next < blocks || !live.empty()) {
+      while (live.size() < live_max && next < blocks) {  // blocks start in x, y, z order
+        const unsigned b = next++;
+        live.push_back(std::make_unique<Block>(
+            Dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)), block.count()));
+        start_block(L, *live.back(), o);
+      }
+      // The block that runs the next pass: in turn, or a random one when shuffled.
+      const size_t k =
+          o.order == Order::Shuffled ? size_t(rng() % live.size()) : turn++ % live.size();
+      switch_shared(L, L.cur, live[k].get());
+      if (step_block(L, o, rng)) {
+        switch_shared(L, L.cur, nullptr);
+        live.erase(live.begin() + long(k));
+      }
+    }
   } catch (...) {
     g_launch = nullptr;
     throw;
@@ -259,12 +310,29 @@ void launch(Dim3 grid, Dim3 block, const std::function<void()>& thread_body,
   g_launch = nullptr;
 }
 
+void shared_region(void* p, size_t bytes) {
+  Launch& L = active();
+  if (!L.cur) throw KernelFault("emulator: __shared__ memory registered outside a block");
+  Block& K = *L.cur;
+  if (std::find(K.seen.begin(), K.seen.end(), p) != K.seen.end()) return;
+  if (std::find_if(L.shared.begin(), L.shared.end(),
+                   [&](const auto& x) { return x.first == p; }) == L.shared.end())
+    L.shared.emplace_back(p, bytes);
+  std::memset(p, 0xff, bytes);  // poison: fp32 NaN, int -1, until the block writes it
+  K.seen.push_back(p);
+  K.saved.emplace_back();
+}
+
 const Dim3& thread_index() {
   Launch& L = active();
   if (!L.current) throw KernelFault("emulator: threadIdx read outside a thread");
   return L.current->tid;
 }
-const Dim3& block_index() { return active().bid; }
+const Dim3& block_index() {
+  Launch& L = active();
+  if (!L.cur) throw KernelFault("emulator: blockIdx read outside a block");
+  return L.cur->bid;
+}
 const Dim3& block_dim() { return active().block; }
 const Dim3& grid_dim() { return active().grid; }
 
@@ -295,6 +363,12 @@ float shfl_xor(unsigned mask, float v, int lane_mask) {
 void syncwarp(unsigned mask) { (void)warp_op(WarpOp::Sync, mask, 0.0f, 0); }
 
 std::string describe(const LaunchOptions& o) {
+  if (o.interleave > 1) {
+    LaunchOptions one = o;
+    one.interleave = 1;
+    std::string s = describe(one);
+    return s.substr(0, s.size() - 1) + ", " + std::to_string(o.interleave) + " blocks interleaved)";
+  }
   switch (o.order) {
     case Order::Reverse:
       return "cpu emulator (fibers, reverse thread order)";

@@ -1,7 +1,8 @@
 // A CPU emulator of CUDA's execution model for the kernels of kernels.cuh, compiled as host C++
 // (host_cuda.hpp maps CUDA's built-in names onto it). Every thread of a block runs on its own fiber
 // (POSIX ucontext) with its own stack, so per-thread locals, __shared__ arrays, __syncthreads and
-// warp shuffles behave as on a device; blocks run one after another.
+// warp shuffles behave as on a device; blocks run one after another or interleaved, and
+// registered __shared__ memory is poisoned at every block start.
 //
 // What it checks (each a KernelFault naming the block, thread and place):
 //  - __syncthreads reached by some threads of a block while another has exited or waits in a
@@ -15,6 +16,7 @@
 // What it cannot show: timing, memory coalescing, bank conflicts, and anything specific to the
 // hardware (warp scheduling beyond the order choices above, async copies, tensor cores).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -33,6 +35,10 @@ enum class Order { Forward, Reverse, Shuffled };
 struct LaunchOptions {
   Order order = Order::Forward;
   uint64_t seed = 0;  // Shuffled: a new permutation at every synchronisation point
+  // Blocks in flight at once (1: one after another). Above 1, live blocks take turns, one pass
+  // (up to a barrier or warp operation) at a time: in turn, or at random when Shuffled. Needs
+  // every __shared__ variable registered (QK_SHARED), since each block's copy is swapped in.
+  unsigned interleave = 1;
 };
 
 struct KernelFault : std::runtime_error {
@@ -51,6 +57,9 @@ const Dim3& block_dim();
 const Dim3& grid_dim();
 
 void syncthreads();
+// Registers a __shared__ variable (host_cuda.hpp's QK_SHARED): the first time a block reaches it,
+// its bytes are poisoned with 0xff (fp32 NaN, int -1), so a read before any write shows.
+void shared_region(void* p, size_t bytes);
 float shfl_xor(unsigned mask, float v, int lane_mask);
 void syncwarp(unsigned mask);
 

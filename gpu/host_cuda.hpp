@@ -1,7 +1,9 @@
 // CUDA's built-in names for compiling kernels.cuh as host C++ (no CUDA toolkit needed): threads,
 // barriers and shuffles go to the fiber emulator (emulator.hpp). Included by kernels.cuh only when
 // nvcc is not the compiler. __shared__ becomes a function-local `static thread_local`: one copy per
-// kernel instantiation, shared by the fibers of the running block (blocks run one at a time).
+// kernel instantiation, shared by the fibers of the running block. QK_SHARED(name), written after
+// each __shared__ declaration, registers it with the emulator: poisoned (0xff bytes: fp32 NaN)
+// when a block first reaches it, and saved and restored when interleaved blocks take turns.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -14,6 +16,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
+#define QK_SHARED(x) ::qkmla::gpu::emu::shared_region(&(x), sizeof(x))
 
 #define threadIdx (::qkmla::gpu::emu::thread_index())
 #define blockIdx (::qkmla::gpu::emu::block_index())

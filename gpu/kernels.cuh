@@ -5,6 +5,7 @@
 #pragma once
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
+#define QK_SHARED(x) ((void)0)  // the emulator's __shared__ registration (host_cuda.hpp)
 #else
 #include "host_cuda.hpp"  // the CPU emulator (emulated_pipeline.cpp)
 #endif
@@ -78,6 +79,7 @@ __global__ void query_kernel(QueryArgs a) {
   using DB = Bits<D>;
   __shared__ float w[kMaxRank], qr[kMaxRope];
   __shared__ float aq;
+  QK_SHARED(w), QK_SHARED(qr), QK_SHARED(aq);
   const Dims& d = a.d;
   const int R = d.S_q * d.H, br = blockIdx.x, b = br / R, row = br % R;
   const int i = row / d.H, h = row % d.H, g = d.group_of(h);
@@ -128,6 +130,7 @@ __global__ void append_kernel(AppendArgs a) {
   using CB = Bits<C>;
   __shared__ float crow[kMaxRank], key[kMaxRank], z[kMaxRope];
   __shared__ float share, alpha, sc;
+  QK_SHARED(crow), QK_SHARED(key), QK_SHARED(z), QK_SHARED(share), QK_SHARED(alpha), QK_SHARED(sc);
   const Dims& d = a.d;
   const int t = blockIdx.x, b = blockIdx.y;
   if (t >= a.seqlens[b]) return;

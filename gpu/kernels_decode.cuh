@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
   __shared__ float al_s[kRowsPerBlock], aq_s[kRowsPerBlock];
   __shared__ int row_s[kRowsPerBlock];
   __shared__ RowState st_s[kRowsPerBlock];
+  QK_SHARED(q_s), QK_SHARED(qr_s), QK_SHARED(lg_s), QK_SHARED(p_s), QK_SHARED(al_s);
+  QK_SHARED(aq_s), QK_SHARED(row_s), QK_SHARED(st_s);
   const Dims& d = a.d;
   const int blk = blockIdx.x, s = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;  // decode_grid
   const int lane = tid & 31, warp = tid >> 5, R = d.S_q * d.H;
@@ -235,6 +237,7 @@ template <Store D>
 __global__ void upproj_kernel(UpArgs a) {
   using DB = Bits<D>;
   __shared__ float lat[kMaxRank];
+  QK_SHARED(lat);
   const Dims& d = a.d;
   const int br = blockIdx.x, R = d.S_q * d.H, g = d.group_of((br % R) % d.H);
   auto* out = static_cast<typename DB::T*>(a.out);

@@ -2,6 +2,7 @@
 // point says so; the CPU model (model.cpp) is always built.
 #include <stdexcept>
 
+#include "bench_sweep.hpp"
 #include "qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
@@ -16,11 +17,15 @@ bool device_available(std::string* why) {
   return false;
 }
 int device_sm_count() { return 0; }
+long device_launch_count() { return 0; }
 std::string device_description() { return ""; }
 std::string compiled_arch_list() { return ""; }
 GpuOutputs run_on_device(const GpuCase&, const RunOptions&) { throw std::runtime_error(kWhy); }
 std::vector<BenchRow> run_bench(const BenchOptions&, std::string*) {
   throw std::runtime_error(kWhy);
 }
+BenchRow run_bench_row(const BenchOptions&, int) { throw std::runtime_error(kWhy); }
+double measure_copy_gbs(size_t, int) { throw std::runtime_error(kWhy); }
+BenchBackend device_bench_backend() { throw std::runtime_error(kWhy); }
 
 }  // namespace qkmla::gpu

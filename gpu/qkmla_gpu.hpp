@@ -72,14 +72,17 @@ int device_sm_count();
 std::string compiled_arch_list();
 // "NVIDIA H200, sm_90, 132 SMs, driver 13.0, runtime 13.0", or empty without a device.
 std::string device_description();
+// Kernel launches made by run_on_device in this process (counted where they are made, so a
+// sanitizer run can prove that it checked something); 0 without CUDA.
+long device_launch_count();
 
 // `qkmla bench`: the paper's decode table (SPEC §12), on the device only.
 struct BenchRow {
-  int context = 0;
+  int batch = 0, heads = 0, groups = 0, context = 0;
   double ms_norm = 0, ms_plain = 0;          // medians, decode + combine
   double spread_norm = 0, spread_plain = 0;  // (p90 - p10) / median
   double overhead_pct = 0;
-  double gbs_norm = 0, hbm_fraction = 0;  // bytes read / time; against 4.8 TB/s
+  double gbs_norm = 0, hbm_fraction = 0;  // bytes read / time; against the datasheet's 4.8 TB/s
   double cache_bytes = 0, cache_bytes_alpha = 0;
   int pages_per_split = 0, splits = 0;  // the split plan this row ran with (splits per sequence)
   double partial_bytes = 0;  // fp32 split partials (o and lse), written once and read once
@@ -91,5 +94,10 @@ struct BenchOptions {
   int pages_per_split = 0;  // 0: the plan's choice (plan.hpp); N: every split N pages (a sweep)
 };
 std::vector<BenchRow> run_bench(const BenchOptions& o, std::string* device);
+// One row of run_bench (throws without a device).
+BenchRow run_bench_row(const BenchOptions& o, int context);
+// Device-to-device copy bandwidth, (bytes read + bytes written) / time, median of `reps` copies of
+// `bytes` (cudaMemcpyAsync, CUDA events).
+double measure_copy_gbs(size_t bytes, int reps);
 
 }  // namespace qkmla::gpu

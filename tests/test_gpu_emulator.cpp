@@ -158,3 +158,58 @@ TEST_CASE("gpu.emulated.kernels_equal_model_and_the_comparison_can_fail") {
     CHECK_FALSE((same_bits(one.out, e.out) && same_bits(one.lse, e.lse)));
   }
 }
+
+TEST_CASE("gpu.emulator.shared_memory_read_before_write_is_caught_by_its_poison") {
+  // Without the poison, block 1 would read block 0's leftovers (plausible values): a kernel bug
+  // that a zeroed or persisting emulated __shared__ hid.
+  for (unsigned inter : {1u, 3u})
+    for (const auto& o : {kForward, kReverse, kShuffled}) {
+      emu::LaunchOptions e = o;
+      e.interleave = inter;
+      std::vector<float> got(4 * 64, 0.0f), good(4 * 64, 0.0f);
+      emu::launch(
+          dim3(4), dim3(64),
+          [&] {
+            __shared__ float s[64];
+            QK_SHARED(s);
+            const unsigned t = threadIdx.x, b = blockIdx.x;
+            got[b * 64 + t] = s[t];  // the bug: read before any write in this block
+            __syncthreads();
+            s[t] = float(t);
+            __syncthreads();
+            good[b * 64 + t] = s[63 - t];
+          },
+          e);
+      for (unsigned i = 0; i < got.size(); ++i) {
+        REQUIRE(f2u(got[i]) == 0xffffffffu);  // poisoned: NaN, in every block
+        REQUIRE(good[i] == float(63 - i % 64));
+      }
+    }
+}
+
+TEST_CASE("gpu.emulator.interleaved_blocks_take_turns_and_keep_their_own_shared_memory") {
+  std::vector<int> events, out(6 * 32, -1);
+  emu::LaunchOptions e = kShuffled;
+  e.interleave = 3;
+  emu::launch(
+      dim3(6), dim3(32),
+      [&] {
+        __shared__ int s[32];
+        QK_SHARED(s);
+        const int t = int(threadIdx.x), b = int(blockIdx.x);
+        s[t] = 100 * b + t;
+        if (t == 0) events.push_back(b);
+        __syncthreads();
+        if (t == 0) events.push_back(b);
+        out[b * 32 + t] = s[31 - t];
+      },
+      e);
+  for (int i = 0; i < 6 * 32; ++i) CHECK(out[i] == 100 * (i / 32) + 31 - i % 32);
+  // Interleaved: between some block's two events, another block ran (one after another, each
+  // block's two events would be adjacent).
+  bool interleaved = false;
+  for (size_t i = 0; i + 1 < events.size(); i += 2) interleaved |= events[i] != events[i + 1];
+  CHECK(events.size() == 12);
+  CHECK(interleaved);
+  CHECK(emu::describe(e).find("3 blocks interleaved") != std::string::npos);
+}

@@ -2,7 +2,7 @@
 # gpu.scripts.*: the device scripts fail loudly and keep what they printed (issue 13), on any
 # machine (no GPU needed).
 #   killed:       a step killed by its time limit keeps every line the binary printed before, and
-#                 steps.txt records the limit's exit code (gpu_device_tests `stall` hangs after 3 lines).
+#                 steps.jsonl records the limit's exit code (gpu_device_tests `stall` hangs after 3 lines).
 #   broken_build: a build that fails makes prepare_device_bundle.sh exit non-zero, shows the
 #                 compiler's error, and leaves no bundle (not even a stale one from before).
 # Usage: device_scripts.sh killed|broken_build SOURCE_DIR GPU_DEVICE_TESTS WORK_DIR
@@ -14,10 +14,13 @@ case "$what" in
   killed)
     OUT=$work
     source "$root/gpu/device_steps.sh"
-    step stall 2 "$bin" stall > "$work/stall.txt" 2>&1
-    cat "$work/steps.txt" "$work/stall.txt"
-    grep -q "^stall: exit 124 after [23] s$" "$work/steps.txt" || fail "steps.txt lacks the timeout"
+    step stall 2 "$work/stall.txt" "$bin" stall > "$work/shown.txt"
+    cat "$work/steps.jsonl" "$work/stall.txt"
+    grep -q '^{"step":"stall","rc":124,"seconds":[23],"limit":2}$' "$work/steps.jsonl" ||
+      fail "steps.jsonl lacks the timeout"
     [ "$(grep -c '^stall:' "$work/stall.txt")" = 3 ] || fail "the killed run lost printed lines"
+    [ "$(grep -c '^stall:' "$work/shown.txt")" = 3 ] || fail "the lines were not shown as they came"
+    grep -q '^== stall: exit 124 after' "$work/shown.txt" || fail "no step line on stdout"
     ;;
   broken_build)
     src=$work/src

@@ -3,8 +3,12 @@
 //   gpu_device_tests bits   every profile x split boundaries x S_q x norms x forms x plans
 //   gpu_device_tests bits-small   tiny shapes, bf16 and fp8 only: for compute-sanitizer
 //   gpu_device_tests bench  a short `run_bench` (two contexts)
+//   gpu_device_tests sanitize   a few tiny runs for compute-sanitizer; prints "ran N kernel
+//     launches" (gpu/device_check.sh fails a sanitizer step that lacks it: a vacuous pass)
+//   gpu_device_tests preflight  the device, the compiled architectures and one tiny run vs the
+//     model (exit 0 only when a kernel ran and matched)
 // Without a device (any machine, test gpu.emulated.bits):
-//   gpu_device_tests bits-emulated [forward|reverse|shuffled]   the same matrix with the real
+//   gpu_device_tests bits-emulated [forward|reverse|shuffled|interleaved]   the same matrix with the real
 //     shapes shortened, the kernels run by the CPU emulator (gpu/emulator.hpp) in that thread order
 #include <chrono>
 #include <cmath>
@@ -50,7 +54,7 @@ MlaConfig config(const std::string& preset, Profile p, std::vector<int> seqlens,
   return c;
 }
 
-enum class Mode { Full, Small, Emulated, EmulatedSmall };
+enum class Mode { Full, Small, Emulated, EmulatedSmall, Sanitize, Preflight };
 
 // Small: tiny shapes, two profiles, no real shapes: seconds even under compute-sanitizer.
 // Emulated: the full matrix with the real shapes' sequences shortened (every thread is a fiber).
@@ -63,7 +67,10 @@ int bits(Mode mode, const gpu::emu::LaunchOptions& emu = {}) {
     std::string preset;
     std::vector<int> seqlens;
   };
-  const std::vector<Shape> shapes = {
+  const std::vector<Shape> shapes =
+      mode == Mode::Sanitize    ? std::vector<Shape>{{"tiny", {65, 0, 5}}}
+      : mode == Mode::Preflight ? std::vector<Shape>{{"tiny", {1, 0}}}
+                                : std::vector<Shape>{
       {"tiny", {0}},  // T_max = 0: no append launch at all
       {"tiny", {1, 0}},
       {"tiny", {63, 64}},
@@ -71,8 +78,10 @@ int bits(Mode mode, const gpu::emu::LaunchOptions& emu = {}) {
       {"tiny", {3 * 64 + 5}},
       {"paper-decode", emulated ? std::vector<int>{200, 0, 130} : std::vector<int>{4096, 0, 130}},
       {"paper-g8", {emulated ? 150 : 1000}}};
+  const bool tiny_set = mode == Mode::Sanitize || mode == Mode::Preflight;
   const std::vector<Profile> profiles =
-      small ? std::vector<Profile>{Profile::BF16, Profile::FP8}
+      mode == Mode::Preflight ? std::vector<Profile>{Profile::BF16}
+      : small || tiny_set     ? std::vector<Profile>{Profile::BF16, Profile::FP8}
             : std::vector<Profile>{Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
   for (Profile p : profiles)
     for (const Shape& sh : shapes)
@@ -83,6 +92,9 @@ int bits(Mode mode, const gpu::emu::LaunchOptions& emu = {}) {
               bool ok = true;
               for (int T : sh.seqlens) ok = ok && (T == 0 || T >= sq);
               if (!ok || (ex && norm == NormMode::Unified)) continue;
+              // Sanitize: S_q 1 and 4, blockwise, both forms, one and several splits (8 runs).
+              if (tiny_set && (sq == 2 || norm == NormMode::Unified || pps == 3)) continue;
+              if (mode == Mode::Preflight && (sq != 1 || ex || pps != 0)) continue;
               // The emulated small set keeps the real shapes in bf16: r = 512 is the one shape
               // whose decode threads own two value columns.
               const bool real_kept = mode == Mode::EmulatedSmall && p == Profile::BF16;
@@ -127,6 +139,10 @@ int bits(Mode mode, const gpu::emu::LaunchOptions& emu = {}) {
               if (df.differ) ++failures;
             }
   std::printf("gpu.kernels_match_model: %d of %d runs differ\n", failures, runs);
+  if (!emulated) {
+    std::printf("ran %ld kernel launches in %d runs\n", gpu::device_launch_count(), runs);
+    if (gpu::device_launch_count() == 0) return 1;
+  }
   return failures ? 1 : 0;
 }
 
@@ -158,9 +174,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]).rfind("bits-emulated", 0) == 0) {
     gpu::emu::LaunchOptions e;
     const std::string order = argc > 2 ? argv[2] : "forward";
-    e.order = order == "reverse"    ? gpu::emu::Order::Reverse
-              : order == "shuffled" ? gpu::emu::Order::Shuffled
-                                    : gpu::emu::Order::Forward;
+    e.order = order == "reverse"                               ? gpu::emu::Order::Reverse
+              : order == "shuffled" || order == "interleaved" ? gpu::emu::Order::Shuffled
+                                                              : gpu::emu::Order::Forward;
+    if (order == "interleaved") e.interleave = 3;  // three blocks in flight, taking turns
     e.seed = 20261202;
     std::cout << "device: " << gpu::emu::describe(e) << "\n";
     try {
@@ -182,11 +199,16 @@ int main(int argc, char** argv) {
     if (what == "bits") return bits(Mode::Full);
     if (what == "bits-small") return bits(Mode::Small);
     if (what == "bench") return bench();
+    if (what == "sanitize") return bits(Mode::Sanitize);
+    if (what == "preflight") {
+      std::cout << "compiled for: " << gpu::compiled_arch_list() << "\n";
+      return bits(Mode::Preflight);
+    }
   } catch (const std::exception& e) {
     std::cout << "FAIL: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: gpu_device_tests bits|bits-small|bench|stall|bits-emulated "
+  std::cerr << "usage: gpu_device_tests bits|bits-small|sanitize|preflight|bench|stall|bits-emulated "
                "[forward|reverse|shuffled]\n";
   return 2;
 }
