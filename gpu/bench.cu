@@ -1,4 +1,4 @@
-// run_bench: the paper's decode table (SPEC §12) on the device: the absorbed decode + combine with
+// run_bench: the paper's decode table (conventions §12) on the device: the absorbed decode + combine with
 // the alpha_q * alpha_k scaling (QK-norm) and with it disabled (plain MLA), same kernel, same data.
 #include <algorithm>
 

@@ -93,7 +93,7 @@ QK_HD float half_to_float(uint16_t h) {
   return u2f(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-// OCP E4M3 (bias 7, max 448, no inf; S.1111.111 is NaN). Saturates at +-448 (SPEC §3).
+// OCP E4M3 (bias 7, max 448, no inf; S.1111.111 is NaN). Saturates at +-448 (conventions §3).
 QK_HD uint8_t float_to_e4m3(float x) {
   const uint32_t u = f2u(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);

@@ -10,8 +10,8 @@
 namespace qkmla::gpu {
 
 // One case as the kernels read it: every tensor as the fp32 values of its stored bits (uploading
-// converts them back to those bits exactly). Shapes follow SPEC §2; the cache is dense per sequence
-// here and paged by the pipeline (paging.hpp).
+// converts them back to those bits exactly). Shapes follow conventions §2; the cache is dense per sequence
+// here and paged by the pipeline (pipeline.hpp, plan.hpp).
 struct GpuCase {
   Dims d;
   std::vector<int> seqlens;         // [B]
@@ -76,7 +76,7 @@ std::string device_description();
 // sanitizer run can prove that it checked something); 0 without CUDA.
 long device_launch_count();
 
-// `qkmla bench`: the paper's decode table (SPEC §12), on the device only.
+// `qkmla bench`: the paper's decode table (conventions §12), on the device only.
 struct BenchRow {
   int batch = 0, heads = 0, groups = 0, context = 0;
   double ms_norm = 0, ms_plain = 0;          // medians, decode + combine

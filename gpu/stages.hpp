@@ -23,7 +23,7 @@ QK_HD float round_store(Store s, float x) {
   }
 }
 
-constexpr int kPage = 64;      // tokens per cache page (SPEC §10)
+constexpr int kPage = 64;      // tokens per cache page (conventions §10)
 constexpr int kMaxRank = 512;  // r <= kMaxRank: the decode kernel keeps r / 256 columns per thread
 constexpr int kMaxRope = 64;
 constexpr int kRowsPerBlock = 16;  // query rows (i, h) per decode block

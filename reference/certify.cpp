@@ -1,5 +1,5 @@
 // certify: the checks D.1-D.7 of proofs/absorption.md on every (b, i, t, h) of a case. Explicit
-// side: the SPEC §1.1 formulas on materialized keys. Absorbed side: q_latent, the Gram-form key
+// side: the conventions §1.1 formulas on materialized keys. Absorbed side: q_latent, the Gram-form key
 // statistic and the caller's Perturbation through the hooks of core/perturbation.hpp.
 #include "reference/certify.hpp"
 

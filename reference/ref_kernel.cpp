@@ -1,4 +1,4 @@
-// ref.kernel: the kernel-level reference (SPEC §2), computed at the current precision from the
+// ref.kernel: the kernel-level reference (conventions §2), computed at the current precision from the
 // already-rounded kernel inputs, so that an audit measures a kernel's own error (steps A.4-A.5).
 #include <chrono>
 

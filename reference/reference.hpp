@@ -1,4 +1,4 @@
-// ref.explicit and ref.absorbed (SPEC §1.1, §1.2) in Boost.Multiprecision over MPFR.
+// ref.explicit and ref.absorbed (conventions §1.1, §1.2) in Boost.Multiprecision over MPFR.
 // Both evaluate at the precision of the enclosing PrecisionScope; every stage cites its step in
 // proofs/reference.md.
 #pragma once
@@ -23,11 +23,11 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int thr
 std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool with_latent_out,
                                               int bits, int check_bits, int threads);
 // Outputs: out, lse, alpha_q, alpha_k, latent_out, q_latent (norm none: no alpha_q, alpha_k). A
-// variant of SPEC §1.2 (the shared vocabulary of core/variant.hpp; alpha_k_bf16 is a profile
+// variant of conventions §1.2 (the shared vocabulary of core/variant.hpp; alpha_k_bf16 is a profile
 // option and means nothing here) and a perturbation (a mutant, for convergence studies).
 Outputs ref_absorbed(const Case& k, const Dots& d, Variant v = Variant::Default,
                      const Perturbation& p = {}, int threads = 1);
-// Kernel-level case (SPEC §2): latent_out and lse from the rounded kernel inputs.
+// Kernel-level case (conventions §2): latent_out and lse from the rounded kernel inputs.
 Outputs ref_kernel(const Case& kernel_case);
 
 }  // namespace qkmla::ref

@@ -1,4 +1,4 @@
-// audit.*: verdicts that follow the arithmetic, not the packaging (SPEC §5 "Judging"): what a
+// audit.*: verdicts that follow the arithmetic, not the packaging (conventions §5 "Judging"): what a
 // delivered dtype says, structure statistics, incomplete outputs, a declared (strict) design, and
 // a judged run never part of its own yardstick.
 #include <doctest/doctest.h>
@@ -52,7 +52,7 @@ const TensorAudit& tensor(const AuditResult& r, const std::string& t) {
 
 }  // namespace
 
-// At 3f7e4fa an F32 out was read as "every rounding point fp32": SPEC §3's own absorbed design
+// At 3f7e4fa an F32 out was read as "every rounding point fp32": conventions §3's own absorbed design
 // delivered unrounded failed every bf16 audit (ratios to 7.5e3), and bf16 values delivered as F32
 // (.float()) failed where the same values as BF16 passed.
 TEST_CASE("audit.delivered_dtype.says_only_its_own_point") {
@@ -115,7 +115,7 @@ TEST_CASE("audit.declared_design.is_strict_and_names_both") {
   REQUIRE(strict.undeclared.count("out"));
   CHECK(strict.undeclared.at("out").front().consistent);  // an undeclared design explains it
   CHECK(strict.declared.find("q=fp32") != std::string::npos);
-  // The declared SPEC design itself passes strictly.
+  // The declared conventions §3 design itself passes strictly.
   CHECK(audit(cf, outs, "out=fp32").pass());
 }
 

@@ -75,7 +75,7 @@ TEST_CASE("config.presets_match_spec") {
   CHECK(p.heads == 16);
   CHECK(p.groups == 8);
   CHECK(p.latent_rank == 512);
-  // SPEC §8's six, and the shape classes of issue 11: NoPE (d_r = 0) and G < H (G = 1).
+  // conventions §8's six, and the shape classes of issue 11: NoPE (d_r = 0) and G < H (G = 1).
   CHECK(presets().size() == 10);
   for (const char* name :
        {"tiny", "paper-decode", "paper-g8", "deepseek-v3", "deepseek-v2-lite", "kimi-k2"})

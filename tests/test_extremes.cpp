@@ -1,7 +1,7 @@
 // extremes.*: numerical extremes through every registered CPU implementation and the kernels'
 // model (issue "hardening"): subnormal and huge inputs, a single visible token, all-equal logits,
 // inf/NaN in unused cache slots and in a visible one. Never a crash; non-finite positions matched;
-// verdicts as SPEC §5 says (a correct implementation passes where its arithmetic can represent
+// verdicts as conventions §5 says (a correct implementation passes where its arithmetic can represent
 // the case; where fp32 overflows and the reference does not, it fails).
 #include <doctest/doctest.h>
 

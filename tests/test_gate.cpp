@@ -70,7 +70,7 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   const GateRule d = default_rule();
   REQUIRE(!d.budgets.empty());
   for (const Budget& b : d.budgets) CHECK(!b.source.empty());
-  CHECK(d.baseline_k_source.find("measured") != std::string::npos);  // a sourced k, not SPEC's 2
+  CHECK(d.baseline_k_source.find("measured") != std::string::npos);  // a sourced k, not the brief's 2
   Metrics m;
   m.rel_l2 = 1;
   const Subject s{"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"};
@@ -126,7 +126,7 @@ TEST_CASE("gate.no_false_alarm_held_out_seeds") {
   // Every correct implementation passes over 50 seeds x all scenarios x all profiles x both norms
   // (tiny, 2000 cases), the GPU kernels' model included. Seeds 5001-5050: no budget or tolerance
   // was fitted on them (k was fitted on the third-party suite's seeds 1-300, proofs/budgets.md).
-  // The full held-out run (>= 1000 cases, every shape class) is reports/held_out_gate.sh.
+  // The third-party and zoo suites (tests/thirdparty, tests/zoo) cover every shape class.
   std::string seeds;
   for (int s = 5001; s <= 5050; ++s)
     seeds += (s > 5001 ? "," : "") + std::to_string(s + int(test::seed(0)));

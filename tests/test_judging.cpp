@@ -55,10 +55,10 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
     return false;
   };
   // F32 out says only that out was not rounded: every earlier point may still be bf16 (it had been
-  // read as "everything fp32", which failed SPEC §3's own design delivered unrounded).
+  // read as "everything fp32", which failed conventions §3's own design delivered unrounded).
   const auto f32 = candidate_designs(c, Form::Absorbed, {{"out", {DType::F32}}});
   CHECK(outs(f32) == std::set<DType>{DType::F32});
-  for (const char* f : {"all-fp32 compute", "SPEC rounding points", "SPEC points mixed",
+  for (const char* f : {"all-fp32 compute", "conventions §3 rounding points", "conventions §3 points mixed",
                         "FlashMLA-style (P stored, exp2)", "PyTorch module (every op stored)",
                         "softmax scale folded into q", "approximate rsqrt statistic"}) {
     CAPTURE(f);
@@ -75,7 +75,7 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   const auto all = candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}});
   int mixes = 0;
   for (const Candidate& x : all) {
-    mixes += x.family == "SPEC points mixed" || x.family == "SPEC rounding points" ||
+    mixes += x.family == "conventions §3 points mixed" || x.family == "conventions §3 rounding points" ||
              x.family == "all-fp32 compute";
     CHECK((x.d.out == DType::BF16 && x.d.alpha_k == DType::F32));
   }
@@ -133,7 +133,7 @@ TEST_CASE("judge.yardstick.samples_the_merged_gains_rounding_point") {
 
 // Held-out audit seeds 1518 and 1742 (and fit seed 286): fp16, unified norm, tiny keys. A correct
 // explicit kernel that caches its rotated, gain-applied rope keys stores them in fp16 before
-// alpha_k scales them; tiny keys make them fp16 subnormals, so lse moves far beyond the SPEC §3
+// alpha_k scales them; tiny keys make them fp16 subnormals, so lse moves far beyond the conventions §3
 // design's yardstick (false alarms at ratios 4.67-8.94 before the explicit lattice had this point).
 TEST_CASE("judge.yardstick.samples_the_cached_rope_key_rounding_point") {
   MlaConfig c = test::tiny_config(Profile::FP16, {0, 17, 40}, 2, NormMode::Unified, 1518);

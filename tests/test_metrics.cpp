@@ -1,4 +1,4 @@
-// metrics.*: the comparator's definitions (SPEC §5) on hand-computed cases.
+// metrics.*: the comparator's definitions (conventions §5) on hand-computed cases.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -23,7 +23,7 @@ Report small_report(const std::string& preset, std::vector<int> seqlens, int sq,
 }  // namespace
 
 TEST_CASE("impl.absorbed.within_2x_explicit_bf16_fp16_normal") {
-  // SPEC §5: in bf16 and fp16 the absorbed form is within twice the explicit form's error.
+  // conventions §5: in bf16 and fp16 the absorbed form is within twice the explicit form's error.
   for (uint64_t s : {test::seed(51), test::seed(51) + 1, test::seed(51) + 2}) {
     CAPTURE(s);
     const Report r = small_report("paper-decode", {0, 40}, 2, s, {Profile::BF16, Profile::FP16});

@@ -85,7 +85,7 @@ TEST_CASE("shapes.flags_and_config_file") {
   r = run("report --preset tiny --d-r 7 --profiles fp32");
   CHECK(r.code == 2);
   CHECK(r.out.find("d_r: must be even") != std::string::npos);
-  // A TOML config with SPEC §9 keys; flags given override it; an unknown key is refused.
+  // A TOML config with conventions §9 keys; flags given override it; an unknown key is refused.
   const std::string toml = tmp("c.toml");
   std::ofstream(toml)
       << "heads = 4\ngroups = 1\nlatent_rank = 16\nd_c = 8\nd_r = 0\nd_v = 8\nnorm = \"none\"\n";

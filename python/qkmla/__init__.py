@@ -51,7 +51,7 @@ def _array(triple):
 
 
 class Case:
-    """A golden case: `.config` (SPEC §9 keys), `.inputs` (name -> numpy array in its stored
+    """A golden case: `.config` (conventions §9 keys), `.inputs` (name -> numpy array in its stored
     dtype), `.ref` (reference outputs, float64, keyed without the `ref.` prefix), `.metadata`."""
 
     def __init__(self, handle):
@@ -76,7 +76,7 @@ def golden(preset=None, profile=None, seqlen=None, seqlens=None, sq=None, level=
            d_v=None, norm=None, rope_order=None, rope_style=None, causal=None, ref_bits=113,
            inputs=None, round_inputs=False, config=None):
     """A golden case, as `qkmla golden` makes it. Generated from the seed (defaults: preset tiny,
-    profile bf16, one sequence of 64 tokens), or from `inputs` (name -> array, SPEC §2 names; the
+    profile bf16, one sequence of 64 tokens), or from `inputs` (name -> array, conventions §2 names; the
     config from the arguments given and `config`, else inferred from shapes and dtypes)."""
     if seqlen is not None and seqlens is not None:
         raise QkmlaError("give seqlen or seqlens, not both")

@@ -19,7 +19,7 @@ struct Array {
 };
 
 // What `qkmla golden` takes. Dims left at 0 (d_r at -1) come from the preset; `inputs` are the
-// user's own SPEC §2 tensors (config from `config_json` or inferred from shapes and dtypes).
+// user's own conventions §2 tensors (config from `config_json` or inferred from shapes and dtypes).
 struct CaseOptions {
   std::string preset = "tiny", profile = "bf16", level = "module", scenario = "normal";
   std::string norm = "blockwise", rope_order = "norm_then_rope", rope_style = "interleaved";
@@ -30,13 +30,13 @@ struct CaseOptions {
   bool causal = true;
   int ref_bits = 113;
   std::map<std::string, Array> inputs;  // empty: generated from the seed
-  std::string config_json;              // SPEC §9 keys applied last ("" = none)
+  std::string config_json;              // conventions §9 keys applied last ("" = none)
   bool round_inputs = false;            // inputs: round what the profile cannot store (RNE)
 };
 
 class GoldenCase {
  public:
-  std::string config_json() const;         // SPEC §9 keys
+  std::string config_json() const;         // conventions §9 keys
   std::vector<std::string> names() const;  // inputs first, then ref.*
   Array tensor(const std::string& name) const;
   std::map<std::string, std::string> metadata() const;

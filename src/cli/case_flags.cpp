@@ -18,7 +18,7 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--preset", f.preset, "model shape (qkmla presets lists them)")
       ->capture_default_str();
   app.add_option("--config", f.config_file,
-                 "a config file (JSON or TOML, SPEC §9 keys; flags given override it)");
+                 "a config file (JSON or TOML, conventions §9 keys; flags given override it)");
   app.add_option("--heads", f.heads, "query heads H (overrides the preset)")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   app.add_option("--groups", f.groups, "key groups G, H % G == 0 (overrides the preset)")

@@ -1,4 +1,4 @@
-// The case flags every case-building command accepts (SPEC §11).
+// The case flags every case-building command accepts (conventions §11).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <optional>
@@ -11,7 +11,7 @@ namespace qkmla::cli {
 
 struct CaseFlags {
   std::string preset = "paper-decode";
-  std::string config_file;  // --config: JSON or TOML with SPEC §9 keys (a partial config)
+  std::string config_file;  // --config: JSON or TOML with conventions §9 keys (a partial config)
   std::optional<int> heads, groups, latent_rank, d_c, d_r, d_v;
   std::optional<int> batch;
   std::optional<int> seqlen;
@@ -42,7 +42,7 @@ void parse_args(CLI::App& app, const std::vector<std::string>& args);
 MlaConfig build_config(const CaseFlags& f, int default_seqlen);
 std::vector<Profile> build_profiles(const CaseFlags& f, const std::vector<Profile>& defaults);
 
-// Only what was given (flags, --config file, --preset's dims), as a JSON object of SPEC §9 keys:
+// Only what was given (flags, --config file, --preset's dims), as a JSON object of conventions §9 keys:
 // the overrides of a config read from elsewhere (golden --inputs).
 std::string given_overrides_json(const CaseFlags& f);
 

@@ -1,4 +1,4 @@
-// `qkmla bench`: the paper's decode table on the GPU (SPEC §12): latency with QK-norm (the
+// `qkmla bench`: the paper's decode table on the GPU (conventions §12): latency with QK-norm (the
 // alpha_q * alpha_k scaling) and without it (the same kernel, plain MLA), overhead, bandwidth.
 // GPU only: without a device it says why and exits 2.
 #include <fmt/format.h>

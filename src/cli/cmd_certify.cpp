@@ -29,7 +29,7 @@ Runner add_certify(CLI::App& app, const std::string& command_line) {
       "certify", "exact rational check that absorbed == explicit (or refute a mutant exactly)");
   add_case_flags(*cmd, f->c, 256);
   cmd->add_option("--mutant", f->mutant,
-                  "run a mutant of SPEC §7 on the absorbed side; it must be refuted");
+                  "run a mutant of conventions §7 on the absorbed side; it must be refuted");
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
   return [f, command_line] {
     MlaConfig cfg = build_config(f->c, 256);

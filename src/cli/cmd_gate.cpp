@@ -94,7 +94,7 @@ struct MutantFlags {
 Runner add_mutants(CLI::App& app, const std::string& command_line) {
   auto f = std::make_shared<MutantFlags>();
   auto* cmd = app.add_subcommand(
-      "mutants", "kill matrix: which mutants of SPEC §7 the gate catches, per profile");
+      "mutants", "kill matrix: which mutants of conventions §7 the gate catches, per profile");
   cmd->add_option("--profiles", f->profiles, "profiles, comma separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));

@@ -1,5 +1,5 @@
 // qkmla golden: a case file with the inputs rounded to a profile, the config, the fp64 reference
-// outputs and the same-profile baseline's error (so an audit applies SPEC §6 without recomputing).
+// outputs and the same-profile baseline's error (so an audit applies conventions §6 without recomputing).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -63,7 +63,7 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
       ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "the .safetensors file to write")->required();
   cmd->add_option("--inputs", f->inputs,
-                  "the inputs from a safetensors file (SPEC §2 names; config from its metadata, "
+                  "the inputs from a safetensors file (conventions §2 names; config from its metadata, "
                   "else from shapes and dtypes; "
                   "case flags given override)")
       ->check(CLI::ExistingFile);

@@ -67,7 +67,7 @@ bool Case::causal_visible(int b, int i, int64_t t) const {
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c, int64_t t_max,
                                                                   int64_t p_max) {
   const int64_t B = c.batch, S = c.s_q, H = c.heads, G = c.groups, r = c.latent_rank;
-  if (c.level == Level::Kernel) {  // SPEC §2 kernel level: already absorbed, already rounded
+  if (c.level == Level::Kernel) {  // conventions §2 kernel level: already absorbed, already rounded
     std::map<std::string, std::vector<int64_t>> m = {{"q_latent", {B, S, H, r}},
                                                      {"alpha_q", {B, S, H}},
                                                      {"q_rope", {B, S, H, c.d_r}},
@@ -91,7 +91,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
       {"rope_cos", {p_max, c.d_r / 2}},
       {"rope_sin", {p_max, c.d_r / 2}},
   };
-  if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};  // SPEC §3 fp8 cache scales
+  if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};  // conventions §3 fp8 cache scales
   if (c.norm == NormMode::Blockwise) {
     m["gamma_cq"] = m["gamma_ck"] = {c.d_c};
     m["gamma_rq"] = m["gamma_rk"] = {c.d_r};

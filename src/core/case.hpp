@@ -1,4 +1,4 @@
-// A case: one config and the named input tensors every implementation reads (SPEC §2).
+// A case: one config and the named input tensors every implementation reads (conventions §2).
 #pragma once
 #include <map>
 #include <memory>
@@ -20,7 +20,7 @@ struct Case {
   bool causal_visible(int b, int i, int64_t t) const;  // is cached token t visible to query i?
   int64_t pos(int b, int i) const { return cfg.seqlens[size_t(b)] - cfg.s_q + i; }
   // The latent cache values c every implementation reads [B, T_max, r]: kv_c itself, or in the
-  // fp8 profile the dequantized cache code x kv_c_scale (exact in double; SPEC §3). Set by
+  // fp8 profile the dequantized cache code x kv_c_scale (exact in double; conventions §3). Set by
   // attach_latent; stale if kv_c or kv_c_scale change afterwards.
   const Tensor& latent() const { return dequant ? *dequant : get("kv_c"); }
   std::shared_ptr<const Tensor> dequant;
@@ -38,11 +38,11 @@ void quantize_fp8_cache(Case& k);
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c, int64_t t_max,
                                                                   int64_t p_max);
 
-// Positions that carry meaning: alpha_k rows at t >= T_b are unspecified (SPEC §1.4); every
+// Positions that carry meaning: alpha_k rows at t >= T_b are unspecified (conventions §1.4); every
 // other tensor is valid everywhere. Empty result = all valid.
 std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
 
-// NoPE (d_r = 0): the rope tensors may be absent from a file (SPEC §1.3); adds the empty ones
+// NoPE (d_r = 0): the rope tensors may be absent from a file (conventions §1.3); adds the empty ones
 // ([..., 0]) so every implementation reads the same names. No-op otherwise.
 void complete_nope(Case& k);
 

@@ -1,4 +1,4 @@
-// MlaConfig: every field of SPEC §1.3/§2/§9, its validator and its JSON form.
+// MlaConfig: every field of conventions §1.3/§2/§9, its validator and its JSON form.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -9,7 +9,7 @@
 
 namespace qkmla {
 
-enum class NormMode { Blockwise, Unified, None };  // None: plain MLA (SPEC §1.3)
+enum class NormMode { Blockwise, Unified, None };  // None: plain MLA (conventions §1.3)
 enum class RopeOrder { NormThenRope, RopeThenNorm };
 enum class RopeStyle { Interleaved, Half };
 enum class Profile { FP64, FP32, BF16, FP16, FP8 };
@@ -34,7 +34,7 @@ struct MlaConfig {
   double eps = 1e-6;
   double softmax_scale =
       0.0;  // 0 means "not set": fill with 1/sqrt(d_c + d_r) via set_default_scale
-  bool allow_zero_eps = false;  // eps == 0 accepted only when the case says so (SPEC §1.4)
+  bool allow_zero_eps = false;  // eps == 0 accepted only when the case says so (conventions §1.4)
   NormMode norm = NormMode::Blockwise;
   RopeOrder rope_order = RopeOrder::NormThenRope;
   RopeStyle rope_style = RopeStyle::Interleaved;
@@ -67,7 +67,7 @@ Level parse_level(const std::string& s);
 DType stored_dtype(Profile p);      // inputs, weights, caches (fp8: the non-cache tensors)
 DType accumulate_dtype(Profile p);  // sums and scalars
 
-// JSON text of SPEC §9. Parsing rejects unknown keys and wrong types (ConfigError naming the key)
+// JSON text of conventions §9. Parsing rejects unknown keys and wrong types (ConfigError naming the key)
 // and validates the result.
 std::string config_to_json(const MlaConfig& c);
 MlaConfig config_from_json(const std::string& text);

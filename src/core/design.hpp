@@ -1,4 +1,4 @@
-// A design: where an implementation rounds (SPEC §3 "Rounding points", §5 "Judging"). Every value
+// A design: where an implementation rounds (conventions §3 "Rounding points", §5 "Judging"). Every value
 // is computed in the profile's accumulate type A; each rounding point names the format it is stored
 // in before the next stage reads it (A itself: not rounded). The CPU implementations run any
 // design (src/impl), the error-bound type bounds it, and an audit judges a kernel against correct
@@ -19,16 +19,16 @@ struct Design {
   DType rope = DType::F32;  // the query and key rope parts (qr^, kr^ or their unified forms)
   DType kv = DType::F32;    // explicit only: the materialized keys kc^ and values v
   // explicit, unified norm only: the gain-applied rope key before alpha_k scales it, stored where
-  // a kernel caches its rotated keys and normalizes at attention time. Not a SPEC §3 point: A.
+  // a kernel caches its rotated keys and normalizes at attention time. Not a conventions §3 point: A.
   DType rope_key = DType::F32;
   DType alpha_k = DType::F32;     // the cached key statistic
   DType p = DType::F32;           // the probabilities as p.c (p.v) reads them
   DType latent_out = DType::F32;  // absorbed: before the up-projection
   DType out = DType::F32;         // the delivered out
   // absorbed: gamma_cq (.) gamma_ck merged into WK offline and rounded once to the weight dtype
-  // (SPEC §1.2), one more rounding point than applying the gains at run time.
+  // (conventions §1.2), one more rounding point than applying the gains at run time.
   bool gains_merged = false;
-  // What real code does beyond SPEC §3's points (proofs/budgets.md names who does each). F64 at a
+  // What real code does beyond conventions §3's points (proofs/budgets.md names who does each). F64 at a
   // point: not rounded (every accumulate type is within F64).
   DType score = DType::F64;  // the logit and its two dot products stored (a PyTorch module: bf16)
   DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
@@ -46,7 +46,7 @@ struct Design {
 // Is a rounding point a rounding when the accumulate type is A (narrower than A)?
 bool rounds_at(DType point, DType A);
 
-// SPEC §3's rounding points for a profile: q, rope, kv, latent_out, out in the stored dtype;
+// conventions §3's rounding points for a profile: q, rope, kv, latent_out, out in the stored dtype;
 // alpha_k and p in the accumulate type.
 Design spec_design(Profile p, Form f);
 // Everything in the accumulate type: the design of an fp32 (fp64) compute that delivers fp32.

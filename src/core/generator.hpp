@@ -1,4 +1,4 @@
-// Seeded scenario generator (SPEC §8): values drawn in double, rounded once (RNE) to the
+// Seeded scenario generator (conventions §8): values drawn in double, rounded once (RNE) to the
 // profile's stored dtype. Cache rows past each sequence's length are NaN.
 #pragma once
 #include <string>

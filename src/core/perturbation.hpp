@@ -1,8 +1,8 @@
 // The one mechanism by which a bug is injected into an implementation: a Perturbation is data
-// (which step deviates from SPEC §1 and how), and the hooks below are the only places where the
+// (which step deviates from conventions §1 and how), and the hooks below are the only places where the
 // absorbed implementations (reference/ref_absorbed, src/impl/cpu_absorbed) and the exact
 // certifier (reference/certify) consult it. The default-constructed Perturbation is the correct
-// path, so the correct code reads as the paper. The shipped mutants of SPEC §7 are named
+// path, so the correct code reads as the paper. The shipped mutants of conventions §7 are named
 // Perturbations (src/impl/mutants.cpp): the gate runs them, certify refutes the same objects.
 #pragma once
 #include <cmath>
@@ -33,7 +33,7 @@ struct Perturbation {
   int causal_extra = 0;                  // a causal query also sees pos(i) + causal_extra
   bool swap_rope_order = false;          // the rope order the config does not say
   bool lse_base2 = false;                // lse reported in base 2
-  // Conventions a diagnosis tries (harness/diagnose.hpp); no SPEC §7 mutant sets these.
+  // Conventions a diagnosis tries (harness/diagnose.hpp); no conventions §7 mutant sets these.
   LseForm lse_form = LseForm::Natural;
   int gamma_q_power = 1;                  // gamma_cq in q_latent: 1, or 0 (missing)
   bool no_rope_gain_q = false;            // the query rope gain missing
@@ -68,7 +68,7 @@ struct Perturbation {
 
 namespace hook {
 
-// g(h): h / (H/G) (SPEC §1), or h % G.
+// g(h): h / (H/G) (conventions §1), or h % G.
 inline int group_of(const Perturbation& p, const MlaConfig& c, int h) {
   return p.group_mod ? h % c.groups : c.group_of(h);
 }

@@ -1,4 +1,4 @@
-// The named model shapes of SPEC §8.
+// The named model shapes of conventions §8.
 #pragma once
 #include <string>
 #include <vector>

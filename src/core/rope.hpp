@@ -1,4 +1,4 @@
-// RoPE: tables and the pair layout of SPEC §1.1 (column j of the tables serves pair j).
+// RoPE: tables and the pair layout of conventions §1.1 (column j of the tables serves pair j).
 #pragma once
 #include <cstdint>
 

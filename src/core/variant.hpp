@@ -1,4 +1,4 @@
-// The absorbed-form variants of SPEC §1.2: equivalent in exact arithmetic, different in rounding.
+// The absorbed-form variants of conventions §1.2: equivalent in exact arithmetic, different in rounding.
 // One vocabulary for the reference (ref.absorbed.<variant>), the CPU profiles
 // (cpu.absorbed.<profile>.<variant>) and every report.
 #pragma once

@@ -114,7 +114,7 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
   const std::string profile = to_string(job.cfg.profile);
   const std::vector<ImplId> wanted = wanted_ids(entry, k.cfg);
   const std::vector<Outputs> impls = run_impls(k, wanted);
-  // The yardstick of each judged design (SPEC §5): correct implementations of it on this case.
+  // The yardstick of each judged design (conventions §5): correct implementations of it on this case.
   std::map<std::string, Yardstick> yardsticks;  // design -> its samples
   auto truth_of = [&](const std::string& t) {
     const Outputs* o = truth.of(t);

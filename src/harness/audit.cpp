@@ -186,7 +186,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
     size_t which = 0;
     in.baseline_rel_l2 = ys.least_accurate(name, self, &which);
-    in.floor = baseline_floor(x.dtype);  // of the delivered type (SPEC §5)
+    in.floor = baseline_floor(x.dtype);  // of the delivered type (conventions §5)
     TensorAudit a{judge_tensor(o.rule, in), x.dtype, !std::isnan(in.baseline_rel_l2),
                   in.baseline_rel_l2, std::isnan(in.baseline_rel_l2) ? "" : res.designs[which],
                   {}, {}, breakdown(x, *in.y, 2), breakdown(x, *in.y, 0), top_errors(x, *in.y, 5)};

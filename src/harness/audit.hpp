@@ -1,4 +1,4 @@
-// An audit (SPEC §4 audit.<label>): a third party's outputs judged against a golden case's
+// An audit (conventions §4 audit.<label>): a third party's outputs judged against a golden case's
 // reference by the one judge, with the conventions a kernel may use (lse base, the empty-row lse)
 // converted first, and breakdowns that say where the error is.
 #pragma once

@@ -1,4 +1,4 @@
-// The gate rule (SPEC §6) and its budgets: data, each with a source, overridable from TOML.
+// The gate rule (conventions §6) and its budgets: data, each with a source, overridable from TOML.
 #pragma once
 #include <string>
 #include <vector>
@@ -15,19 +15,19 @@ struct Budget {
   std::string tensor;    // tensor name or "*"
   std::string metric;    // max_abs | max_ulp | rel_l2 | cos_diff | baseline_ratio
   double max = 0;
-  std::string source;  // a proof step in proofs/, SPEC section, or a measured baseline + commit
+  std::string source;  // a proof step in proofs/, conventions section, or a measured baseline + commit
 };
 
 struct GateRule {
-  double baseline_k = 2.0;  // SPEC §6 default; the budget table sets the measured one
-  std::string baseline_k_source = "SPEC §6";
+  double baseline_k = 2.0;  // conventions §6 default; the budget table sets the measured one
+  std::string baseline_k_source = "conventions §6";
   std::vector<Budget> budgets;
   // A declared design from the file's [design] table (core/design.hpp syntax, "" when none): an
   // audit given the file judges strictly against it, as with --design.
   std::string design;
 };
 
-// The built-in table: src/gate/budgets.toml, compiled in (proofs/budgets.md explains it).
+// The built-in table: src/harness/budgets.toml, compiled in (proofs/budgets.md explains it).
 GateRule default_rule();
 const std::string& default_budget_text();
 // Reads overrides: `baseline_k = K`, [[budget]] tables with impl/profile/tensor/metric/max/
@@ -39,7 +39,7 @@ void apply_budget_text(GateRule& rule, const std::string& text, const std::strin
 
 struct Verdict {
   bool pass = true;
-  std::vector<std::string> failed;  // "nonfinite_mismatch=3", "baseline_ratio=2.7>2 (SPEC §6)", ...
+  std::vector<std::string> failed;  // "nonfinite_mismatch=3", "baseline_ratio=2.7>2 (conventions §6)", ...
   std::string first_metric;         // the metric of the first failure ("" if passed)
 };
 

@@ -1,4 +1,4 @@
-// A golden case (SPEC §9): the inputs, the config, the reference outputs (fp64 images of the
+// A golden case (conventions §9): the inputs, the config, the reference outputs (fp64 images of the
 // multiprecision truth) and what the same-profile baseline scores against them, so an audit can
 // judge without recomputing anything.
 #pragma once

@@ -1,11 +1,11 @@
-// Implementation ids (SPEC §4) as structured values with one print/parse pair. Every id a report,
+// Implementation ids (conventions §4) as structured values with one print/parse pair. Every id a report,
 // gate, golden case, audit or converge run shows is printed here; nothing else takes ids apart.
 //
 //   ref.<form>[.<variant>]                 ref.explicit, ref.absorbed.gram_alpha_k, ref.kernel
 //   cpu.<form>[.<profile>][.<variant>]     cpu.explicit.bf16, cpu.absorbed.fp8.alpha_k_bf16
 //   gpu.model[.explicit][.<profile>]       the kernels' CPU model
 //   gpu.<form>[.<profile>]                 the kernels on a device
-//   mutant.<name>[.<profile>]              SPEC §7
+//   mutant.<name>[.<profile>]              conventions §7
 //   audit.<label>                          a third party's outputs
 //   quant.<profile>                        the fp8 quantization error (reference vs reference)
 // The profile is optional so that a pattern without one ("cpu.absorbed") means every profile.

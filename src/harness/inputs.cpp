@@ -14,7 +14,7 @@ namespace {
 const Tensor& need(const std::map<std::string, Tensor>& t, const std::string& name,
                    const std::string& path, size_t rank) {
   auto it = t.find(name);
-  if (it == t.end()) throw InputError(path, name, "missing tensor (SPEC §2 names)");
+  if (it == t.end()) throw InputError(path, name, "missing tensor (conventions §2 names)");
   if (it->second.shape.size() != rank)
     throw InputError(
         path, name,
@@ -45,7 +45,7 @@ Profile profile_of(const std::map<std::string, Tensor>& t, const std::string& pa
   }
 }
 
-// The dtype each input is stored in by `p` (SPEC §3), or I32 for seqlens.
+// The dtype each input is stored in by `p` (conventions §3), or I32 for seqlens.
 DType stored_as(const std::string& name, Profile p) {
   if (name == "seqlens") return DType::I32;
   if (name == "rope_cos" || name == "rope_sin" || name == "kv_c_scale") return DType::F32;

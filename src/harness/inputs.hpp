@@ -1,5 +1,5 @@
 // A user's own inputs (trained gains, real activations) as a case (`qkmla golden --inputs`): the
-// SPEC §2 tensors from a safetensors file, the config from the file's metadata, from shapes and
+// conventions §2 tensors from a safetensors file, the config from the file's metadata, from shapes and
 // dtypes where they are unambiguous, and from the flags given (which win, and must agree with the
 // shapes). Values the chosen profile cannot store are refused with tensor and index, or rounded
 // once (round-to-nearest-even) when asked, and the case records it.
@@ -14,7 +14,7 @@ namespace qkmla {
 
 struct InputsRequest {
   std::string path;
-  // Config keys given on the command line (a JSON object of SPEC §9 keys): applied last.
+  // Config keys given on the command line (a JSON object of conventions §9 keys): applied last.
   std::string overrides_json = "{}";
   bool round_inputs = false;
 };

@@ -1,4 +1,4 @@
-// The judge, written once (SPEC §5, §6): metrics of an output against its truth, the baseline
+// The judge, written once (conventions §5, §6): metrics of an output against its truth, the baseline
 // ratio with its floor, the budgets, and the verdict. report, gate and audit all call it.
 #pragma once
 #include <map>
@@ -24,7 +24,7 @@ struct Judged {
 // latent_out and q_latent (one logit error moves a whole row), its compared values otherwise.
 int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y);
 
-// The floor of the baseline ratio's denominator (SPEC §5): u/16 of the type the tensor is computed
+// The floor of the baseline ratio's denominator (conventions §5): u/16 of the type the tensor is computed
 // and delivered in (fp32 for lse and alpha_k in every low-precision profile), so that it only
 // stops a zero yardstick from making every ratio infinite and stays far below real errors.
 double baseline_floor(DType delivered);

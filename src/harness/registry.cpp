@@ -140,7 +140,7 @@ ImplId mutant_id(const impl::Mutant& m, std::optional<Profile> p) {
   return id;
 }
 
-// SPEC §7's mutants in the profile arithmetic (the gate's), each the default absorbed
+// conventions §7's mutants in the profile arithmetic (the gate's), each the default absorbed
 // implementation under its Perturbation.
 ImplFamily mutant_family() {
   ImplFamily f{"mutant", kGate, nullptr, nullptr, nullptr, nullptr};

@@ -68,7 +68,7 @@ std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& 
 
 namespace {
 
-// The families every form shares, each a variation of `base` (SPEC §3's points with out, alpha_k
+// The families every form shares, each a variation of `base` (conventions §3's points with out, alpha_k
 // as delivered); proofs/budgets.md names the public code behind each.
 void real_code_families(const MlaConfig& c, const Design& base, DType D,
                         const std::function<void(const std::string&, Design)>& add) {
@@ -125,9 +125,9 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const De
     if (kernel) {
       Design base = spec_design(c.profile, Form::Kernel);
       base.latent_out = o;
-      add("SPEC rounding points", base);
+      add("conventions §3 rounding points", base);
       for (const Design& d : designs_over(base, {&Design::p}, D, A, true))
-        add("SPEC points mixed", d);
+        add("conventions §3 points mixed", d);
       real_code_families(c, base, D, add);
       continue;
     }
@@ -137,13 +137,13 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const De
     add("all-" + format_word(A) + " compute", acc);
     Design base = spec_design(c.profile, f);
     base.alpha_k = alpha_k, base.out = o;
-    add("SPEC rounding points", base);
+    add("conventions §3 rounding points", base);
     std::vector<DType Design::*> points = {&Design::q, &Design::rope, &Design::p};
     points.push_back(f == Form::Explicit ? &Design::kv : &Design::latent_out);
     if (f == Form::Explicit && c.norm == NormMode::Unified && c.d_r > 0)
       points.push_back(&Design::rope_key);
     for (const Design& d : designs_over(base, points, D, A, small_case(c)))
-      add("SPEC points mixed", d);
+      add("conventions §3 points mixed", d);
     real_code_families(c, base, D, add);
   }
   return out;
@@ -165,7 +165,7 @@ uint64_t digest(const Tensor& x, const std::vector<bool>& mask) {
 
 namespace {
 
-// The exact-arithmetic variants a design's correct implementations may take (SPEC §1.2): they
+// The exact-arithmetic variants a design's correct implementations may take (conventions §1.2): they
 // round at the same points but different values (alpha_q folded in or not, the query normalized
 // first or not), so they sample the design's rounding noise, not only its summation order's.
 std::vector<Variant> sample_variants(const MlaConfig& c, const Design& d) {

@@ -1,4 +1,4 @@
-// The yardstick of a judged implementation (SPEC §5 "Judging"): correct implementations of the
+// The yardstick of a judged implementation (conventions §5 "Judging"): correct implementations of the
 // design it declares, or of every legitimate design consistent with what it delivered, run on the
 // same case and measured against the same truth. A verdict then asks whether the judged error, and
 // where it sits, is far beyond what a correct implementation of such a design makes on this case.
@@ -30,9 +30,9 @@ struct Candidate {
   Design d;
 };
 
-// Legitimate designs (SPEC §5) of the case's level and `form` consistent with what was delivered:
+// Legitimate designs (conventions §5) of the case's level and `form` consistent with what was delivered:
 // for each consistent format of out (latent_out at kernel level), the accumulate-type compute,
-// SPEC §3's points, the stored/accumulate mixes of SPEC's points (every combination when the case
+// conventions §3's points, the stored/accumulate mixes of those points (every combination when the case
 // has at most 64 non-empty rows, where one ill-conditioned row can dominate and a mix can round a
 // near tie differently from both extremes; else the two extremes, whose RMS errors bracket every
 // mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with exp2, a PyTorch
@@ -72,7 +72,7 @@ struct Yardstick {
   double structure_max(const std::string& t, size_t stat, uint64_t self = 0) const;
 };
 
-// The design a registered implementation implements: SPEC §3's rounding points for its form
+// The design a registered implementation implements: conventions §3's rounding points for its form
 // (explicit or absorbed; the GPU kernels and their model round where the CPU profiles do), alpha_k
 // in bf16 for the alpha_k_bf16 variant.
 Design design_of(const ImplId& id, Profile p);

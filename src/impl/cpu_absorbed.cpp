@@ -1,5 +1,5 @@
-// cpu.absorbed.<profile>[.<variant>] (and the mutants, the same code under a Perturbation): SPEC
-// §1.2. Rounding points: a Design (core/design.hpp); by default SPEC §3's: q_latent, the query rope
+// cpu.absorbed.<profile>[.<variant>] (and the mutants, the same code under a Perturbation): conventions
+// §1.2. Rounding points: a Design (core/design.hpp); by default conventions §3's: q_latent, the query rope
 // part and the cached rope key rounded to D; c as stored; alpha_q and alpha_k in Acc (the
 // alpha_k_bf16 variant rounds alpha_k to bf16); logits, softmax and p.c in Acc, p unrounded;
 // latent_out rounded to D; out = latent_out . WV accumulated in Acc and rounded to D.
@@ -158,7 +158,7 @@ std::vector<Variant> variants_for(Profile p, NormMode norm) {
   if (norm == NormMode::None) return v;  // no statistics, no gains: nothing to vary
   for (Variant x : {Variant::AlphaQFolded, Variant::QNormedFirst, Variant::GammaMerged})
     v.push_back(x);
-  if (p == Profile::BF16 || p == Profile::FP8) v.push_back(Variant::AlphaKBf16);  // SPEC §3
+  if (p == Profile::BF16 || p == Profile::FP8) v.push_back(Variant::AlphaKBf16);  // conventions §3
   return v;
 }
 

@@ -1,5 +1,5 @@
-// cpu.explicit.<profile>: SPEC §1.1 with full key caching (one key group at a time). Rounding
-// points (SPEC §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the
+// cpu.explicit.<profile>: conventions §1.1 with full key caching (one key group at a time). Rounding
+// points (conventions §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the
 // stored dtype D; logits, softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q,
 // alpha_k kept in Acc.
 #include <chrono>

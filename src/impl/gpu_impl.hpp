@@ -16,7 +16,7 @@ namespace qkmla::impl {
 std::string gpu_not_applicable(const MlaConfig& c);
 // The case's tensors as fp32 values of their bits (exact: every stored format fits in fp32).
 gpu::GpuCase to_gpu_case(const Case& k);
-// Outputs with the SPEC's tensor names, dtypes and shapes.
+// Outputs with the conventions' tensor names, dtypes and shapes.
 Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g);
 
 // The CPU model of the absorbed (or, o.explicit_form, the explicit) pipeline.

@@ -1,4 +1,4 @@
-// Kernel level (SPEC §2): the kernel-level case of a module-level case, and cpu.kernel.<profile>,
+// Kernel level (conventions §2): the kernel-level case of a module-level case, and cpu.kernel.<profile>,
 // the same-profile latent attention core run on those inputs.
 #include "impl/kernel_level.hpp"
 

@@ -1,4 +1,4 @@
-// The deliberately wrong implementations of SPEC §7: plausible bugs the gate must catch. Each is a
+// The deliberately wrong implementations of conventions §7: plausible bugs the gate must catch. Each is a
 // named Perturbation (core/perturbation.hpp) of the default absorbed implementation; the gate
 // runs it through cpu_absorbed, certify refutes the same object, converge evaluates it in MPFR.
 #pragma once
@@ -18,7 +18,7 @@ struct Mutant {
   bool converge = false;   // a series of qkmla converge (evaluated in MPFR at every precision)
 };
 
-const std::vector<Mutant>& mutants();                // SPEC §7's table, in its order
+const std::vector<Mutant>& mutants();                // conventions §7's table, in its order
 const Mutant& find_mutant(const std::string& name);  // throws ConfigError("mutant", ...)
 // Why the mutant cannot differ from the correct implementation on this config ("" if it can).
 std::string mutant_not_applicable(const Mutant& m, const MlaConfig& c);

@@ -1,4 +1,4 @@
-// safetensors files (SPEC §9): 8-byte little-endian header length, JSON header, raw data.
+// safetensors files (conventions §9): 8-byte little-endian header length, JSON header, raw data.
 #pragma once
 #include <map>
 #include <stdexcept>

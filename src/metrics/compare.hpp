@@ -1,4 +1,4 @@
-// The one comparator (SPEC §5): every implementation's tensors are judged by this code.
+// The one comparator (conventions §5): every implementation's tensors are judged by this code.
 #pragma once
 #include <cstdint>
 #include <limits>

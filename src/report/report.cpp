@@ -43,7 +43,7 @@ bool wanted(const ImplId& id, const ReportOptions& o) {
 }
 
 // The yardstick of each row, from the correct implementations the report already ran: the
-// absorbed variants and the GPU kernels' model (split-KV) are correct implementations of the SPEC
+// absorbed variants and the GPU kernels' model (split-KV) are correct implementations of the
 // absorbed design and sample its rounding noise, cpu.explicit and the explicit model the explicit
 // design's. A row's yardstick is the RMS rel_l2 of the *other* runs of its design (leave one out,
 // and every run with its very bits left out too): a judged run is never part of its own yardstick.
@@ -121,7 +121,7 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
   return rows;
 }
 
-// quant.fp8 (SPEC §3): the reference on the dequantized fp8 cache against the reference on the
+// quant.fp8 (conventions §3): the reference on the dequantized fp8 cache against the reference on the
 // bf16 cache it was quantized from (same seed, same other bits): the quantization error alone.
 void add_quant_rows(Report& rep, const Case& fp8, const Truth& t8, const Truth& t16) {
   ImplId id;

@@ -1,5 +1,5 @@
 // `qkmla report`: every registered implementation in every requested profile, judged against the
-// truth on the same bits, with the reference's own accuracy measured at two precisions (SPEC §4,
+// truth on the same bits, with the reference's own accuracy measured at two precisions (conventions §4,
 // §5).
 #pragma once
 #include <functional>
@@ -27,7 +27,7 @@ struct ProfileReference {
   std::string profile;
   int bits = 0, check_bits = 0;
   double agreeing_bits = 0;  // ref.explicit at P vs at check_bits
-  double required_bits = 0;  // stored-dtype precision + 20 (SPEC §4)
+  double required_bits = 0;  // stored-dtype precision + 20 (conventions §4)
   double dots_seconds = 0, explicit_seconds = 0, absorbed_seconds = 0, check_seconds = 0;
 };
 

@@ -16,7 +16,7 @@ and python/ (.cpp .hpp .cu .cuh .py .sh .cmake, CMakeLists.txt), for:
             repository has;
   dir       a folder named as a location ("in cmake/") that no folder in the repository has;
   shared    a reference to ../shared (outside the repository);
-  spec      a citation of "SPEC §N" or of SPEC.md (the conventions are docs/conventions.md).
+  spec      a citation of "conventions §N" or of docs/conventions.md (the conventions are docs/conventions.md).
 
 shared and spec are looked for on every line of a scanned file (comments, messages, docstrings);
 path, file and dir in Markdown and in code comments (Python: also docstrings). This script does

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # interop.numpy_safetensors: real clients with the PyPI packages (safetensors, numpy, ml_dtypes)
 # read golden cases written by qkmla and compute the outputs with an independent implementation
-# (tests/thirdparty/mla_numpy.py, written from SPEC §1 alone). For every shape class (the paper's,
+# (tests/thirdparty/mla_numpy.py, written from conventions §1 alone). For every shape class (the paper's,
 # NoPE, G = 1, G < H, plain MLA) `qkmla audit` passes the correct client and fails the same client
 # with an injected bug. Usage: run_interop.sh QKMLA_BINARY WORK_DIR
 set -euo pipefail

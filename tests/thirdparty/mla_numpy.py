@@ -1,20 +1,20 @@
 """An independent implementation of QK-Normed MLA (and plain MLA, NoPE, any G) in NumPy, written from
-SPEC §1 alone: it shares no code with src/. It reads a qkmla golden case with the PyPI safetensors
+conventions §1 alone: it shares no code with src/. It reads a qkmla golden case with the PyPI safetensors
 (and ml_dtypes for bf16/fp8), computes the module-level outputs in a chosen *design* (where it
 rounds, in float32 arithmetic), optionally with one plausible *bug*, and writes out/lse (and
 latent_out, alpha_k) with safetensors.numpy.save_file.
 
-Designs (each legitimate: SPEC §5 "Judging"):
+Designs (each legitimate: conventions §5 "Judging"):
   fp32       every intermediate in float32; out, lse, latent_out delivered in float32
   bf16_p     probabilities rounded to the stored dtype before p.c (FlashMLA's bf16 P); out stored
   stored_out float32 compute, out and latent_out rounded to the stored dtype
   q_latent32 q_latent kept in float32, rope parts and latent_out rounded, out in the stored dtype
-  alpha_k_bf16 alpha_k cached (and delivered) in bf16 (SPEC §1.2's lossy option: a declared
+  alpha_k_bf16 alpha_k cached (and delivered) in bf16 (conventions §1.2's lossy option: a declared
              design), out in the stored dtype
   explicit   the explicit form (keys and values materialized per group, rounded to the stored
              dtype), out in the stored dtype
 
-Bugs: see BUGS below (each a plausible kernel mistake beyond SPEC §7's mutants)."""
+Bugs: see BUGS below (each a plausible kernel mistake beyond conventions §7's mutants)."""
 import json
 import struct
 import sys
