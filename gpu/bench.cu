@@ -1,5 +1,6 @@
-// run_bench: the paper's decode table (conventions §12) on the device: the absorbed decode + combine with
-// the alpha_q * alpha_k scaling (QK-norm) and with it disabled (plain MLA), same kernel, same data.
+// run_bench: the paper's decode table (conventions §12) on the device: the absorbed decode +
+// combine with the alpha_q * alpha_k scaling (QK-norm) and with it disabled (plain MLA), same
+// kernel, same data.
 #include <algorithm>
 
 #include "bench_sweep.hpp"
@@ -44,7 +45,8 @@ __global__ void l2_read_kernel(const uint4* p, size_t n, unsigned* sink) {
 
 void flush_l2(const DevBuf& buf, int rep) {
   QK_CUDA(cudaMemset(buf.get(), rep & 0xff, buf.bytes()));
-  l2_read_kernel<<<1024, 256>>>(buf.get<uint4>(), buf.bytes() / 16 - 1, buf.get<unsigned>() + buf.bytes() / 4 - 1);
+  l2_read_kernel<<<1024, 256>>>(buf.get<uint4>(), buf.bytes() / 16 - 1,
+                                buf.get<unsigned>() + buf.bytes() / 4 - 1);
   QK_CUDA(cudaGetLastError());
 }
 

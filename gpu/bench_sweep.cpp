@@ -24,7 +24,8 @@ std::string num(double x) {
 }
 std::string quoted(const std::string& s) {
   std::string q = "\"";
-  for (char c : s) q += c == '"' || c == '\\' ? std::string("\\") + c : c < 32 ? " " : std::string(1, c);
+  for (char c : s)
+    q += c == '"' || c == '\\' ? std::string("\\") + c : c < 32 ? " " : std::string(1, c);
   return q + "\"";
 }
 }  // namespace

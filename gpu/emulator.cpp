@@ -93,9 +93,9 @@ Launch& active() {
 
 std::string where(const Launch& L, const Fiber& f) {
   const Dim3& b = L.cur->bid;
-  return "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
-         std::to_string(b.z) + ") thread (" + std::to_string(f.tid.x) + "," +
-         std::to_string(f.tid.y) + "," + std::to_string(f.tid.z) + ")";
+  return "block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+         ") thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
+         std::to_string(f.tid.z) + ")";
 }
 
 // The next thread of this pass that can run in the running block; null when none.
@@ -315,8 +315,8 @@ void shared_region(void* p, size_t bytes) {
   if (!L.cur) throw KernelFault("emulator: __shared__ memory registered outside a block");
   Block& K = *L.cur;
   if (std::find(K.seen.begin(), K.seen.end(), p) != K.seen.end()) return;
-  if (std::find_if(L.shared.begin(), L.shared.end(),
-                   [&](const auto& x) { return x.first == p; }) == L.shared.end())
+  if (std::find_if(L.shared.begin(), L.shared.end(), [&](const auto& x) { return x.first == p; }) ==
+      L.shared.end())
     L.shared.emplace_back(p, bytes);
   std::memset(p, 0xff, bytes);  // poison: fp32 NaN, int -1, until the block writes it
   K.seen.push_back(p);

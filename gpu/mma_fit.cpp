@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   }
   try {
     const std::vector<Tile> tiles = read_probe(argv[1]);
-    const char* names[] = {"mma.sync m16n8k16 bf16", "mma.sync m16n8k16 fp16", "wgmma m64n8k16 bf16"};
+    const char* names[] = {"mma.sync m16n8k16 bf16", "mma.sync m16n8k16 fp16",
+                           "wgmma m64n8k16 bf16"};
     int rc = 0;
     for (int kind = 0; kind < 3; ++kind) {
       std::vector<MmaRecord> recs;

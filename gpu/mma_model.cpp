@@ -30,7 +30,7 @@ float fused_sum(const MmaParams& p, const double* t, int n) {
     sum += int64_t(p.align_round ? std::nearbyint(u) : std::trunc(u));
   }
   const double s = std::ldexp(double(sum), -shift);  // exact: < 2^(align_bits + 6) units
-  float f = float(s);                                 // nearest-even
+  float f = float(s);                                // nearest-even
   if (!p.final_round && std::fabs(double(f)) > std::fabs(s)) f = std::nextafter(f, 0.0f);
   return f;
 }
@@ -61,7 +61,8 @@ std::vector<MmaRecord> records(const Tile& t) {
   for (int m = 0; m < kM; ++m)
     for (int n = 0; n < kN; ++n) {
       MmaRecord& x = r[m * kN + n];
-      for (int k = 0; k < kK; ++k) x.a[k] = decode(h, t.a[m * kK + k]), x.b[k] = decode(h, t.b[k * kN + n]);
+      for (int k = 0; k < kK; ++k)
+        x.a[k] = decode(h, t.a[m * kK + k]), x.b[k] = decode(h, t.b[k * kN + n]);
       x.c = t.c[m * kN + n], x.d = t.d[m * kN + n];
     }
   return r;

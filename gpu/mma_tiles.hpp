@@ -4,7 +4,8 @@
 // A tile is one m16n8k16 product D = A B + C: A [16 x 16] and B [16 x 8] as bf16 or fp16 bit
 // patterns (row-major, A[m][k], B[k][n]), C and D [16 x 8] fp32. The probe file is a sequence of
 // tiles, each 1796 bytes, little-endian:
-//   u8 kind (MmaKind), u8 class (TileClass), u16 zero, u16 A[256], u16 B[128], f32 C[128], f32 D[128]
+//   u8 kind (MmaKind), u8 class (TileClass), u16 zero, u16 A[256], u16 B[128], f32 C[128], f32
+//   D[128]
 // (wgmma m64n8k16 writes its four 16-row slices as four tiles). Each output element d[m][n] is one
 // 16-term dot product plus c[m][n]: what gpu/mma_model.hpp models and fits.
 #pragma once
@@ -38,7 +39,8 @@ inline float decode(bool fp16, uint16_t h) {
     return f;
   }
   const int e = (h >> 10) & 31, m = h & 1023;
-  const float v = e == 0 ? float(m) * 0x1p-24f : (1.0f + float(m) * 0x1p-10f) * std::ldexp(1.0f, e - 15);
+  const float v =
+      e == 0 ? float(m) * 0x1p-24f : (1.0f + float(m) * 0x1p-10f) * std::ldexp(1.0f, e - 15);
   return (h & 0x8000) ? -v : v;
 }
 
@@ -62,7 +64,8 @@ inline void make_tile(Tile& t, MmaKind kind, TileClass cls, std::mt19937_64& g) 
   for (int i = 0; i < kM * kK; ++i) t.a[i] = normal(-3, 3);
   for (int i = 0; i < kK * kN; ++i) t.b[i] = normal(-3, 3);
   auto f32 = [&](int lo, int hi) {
-    return std::ldexp(float(int(g() % (1u << 24))) * 0x1p-24f + 1.0f, range(lo, hi)) * (coin() ? -1 : 1);
+    return std::ldexp(float(int(g() % (1u << 24))) * 0x1p-24f + 1.0f, range(lo, hi)) *
+           (coin() ? -1 : 1);
   };
   for (int i = 0; i < kM * kN; ++i) t.c[i] = f32(-3, 3);
   switch (cls) {
@@ -86,8 +89,10 @@ inline void make_tile(Tile& t, MmaKind kind, TileClass cls, std::mt19937_64& g) 
     case TileClass::Subnormal:  // input subnormals (exponent field 0) among small normals
       for (int i = 0; i < kM * kK; ++i)
         t.a[i] = coin() ? encode(h, coin(), 0, uint32_t(g()) | 1u) : normal(-3, 3);
-      for (int i = 0; i < kK * kN; ++i) t.b[i] = coin() ? normal(h ? 8 : 60, h ? 14 : 100) : normal(-2, 2);
-      for (int i = 0; i < kM * kN; ++i) t.c[i] = coin() ? f32(-140, -127) : f32(h ? -30 : -120, h ? -10 : -100);
+      for (int i = 0; i < kK * kN; ++i)
+        t.b[i] = coin() ? normal(h ? 8 : 60, h ? 14 : 100) : normal(-2, 2);
+      for (int i = 0; i < kM * kN; ++i)
+        t.c[i] = coin() ? f32(-140, -127) : f32(h ? -30 : -120, h ? -10 : -100);
       break;
   }
   for (float& x : t.d) x = 0;

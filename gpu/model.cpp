@@ -1,7 +1,8 @@
 // gpu.model.<profile>: the CPU model of the GPU pipeline. It runs the stages of stages.hpp in the
-// order the kernels run them (kernels.cuh, kernels_decode.cuh): the same paging, split plan, row blocks, per-lane
-// partial sums and 32-lane tree, tiles, exp/log and rounding. Where a loop is reorganized for
-// speed (the key and value projections) each output's sum still takes its terms in the same order.
+// order the kernels run them (kernels.cuh, kernels_decode.cuh): the same paging, split plan, row
+// blocks, per-lane partial sums and 32-lane tree, tiles, exp/log and rounding. Where a loop is
+// reorganized for speed (the key and value projections) each output's sum still takes its terms in
+// the same order.
 #include <stdexcept>
 #include <string>
 

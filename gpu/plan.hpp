@@ -50,8 +50,8 @@ inline size_t slot_of(const Paging& p, int b, int t) {
          size_t(t % kPage);
 }
 
-// A paged per-token array [slots, width] as the dense [B, t_max, width] tensor of conventions §2, NaN past
-// each T_b (how alpha_k is reported).
+// A paged per-token array [slots, width] as the dense [B, t_max, width] tensor of conventions §2,
+// NaN past each T_b (how alpha_k is reported).
 inline std::vector<float> dense_from_paged(const Paging& p, const std::vector<int>& seqlens,
                                            const std::vector<float>& paged, int t_max, int width) {
   std::vector<float> dense(seqlens.size() * size_t(t_max) * size_t(width), qk_nan());

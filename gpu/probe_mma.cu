@@ -18,13 +18,13 @@ using namespace qkmla::gpu::mma;
 
 namespace {
 
-#define CK(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "probe_mma: %s: %s\n", #call, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CK(call)                                                                  \
+  do {                                                                            \
+    cudaError_t e_ = (call);                                                      \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "probe_mma: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                               \
+    }                                                                             \
   } while (0)
 
 __device__ uint32_t pk(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
@@ -159,7 +159,8 @@ std::vector<Tile> make(MmaKind kind, int per_class, bool integers, uint64_t seed
         for (uint16_t& x : t.b) x = int_bits(h, int(g() % 7) - 3);
         for (float& x : t.c) x = float(int(g() % 201) - 100);
       }
-      if (kind == MmaKind::WgmmaBF16 && i % 4) std::copy(v[v.size() - i % 4].b, v[v.size() - i % 4].b + 128, t.b);
+      if (kind == MmaKind::WgmmaBF16 && i % 4)
+        std::copy(v[v.size() - i % 4].b, v[v.size() - i % 4].b + 128, t.b);
       v.push_back(t);
     }
   return v;
@@ -195,8 +196,10 @@ int main(int argc, char** argv) {
         mma_tile(exact_sum, want[i]);
         for (int j = 0; j < kM * kN; ++j) differ += chk[i].d[j] != want[i].d[j];
       }
-      std::printf("%s: layout check (descriptor reading %d): %d of %zu elements differ from the exact sums\n",
-                  name, v, differ, chk.size() * kM * kN);
+      std::printf(
+          "%s: layout check (descriptor reading %d): %d of %zu elements differ from the exact "
+          "sums\n",
+          name, v, differ, chk.size() * kM * kN);
       if (differ == 0) variant = v;
     }
     if (variant < 0) {
@@ -211,8 +214,9 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 8; ++i)
         for (const MmaRecord& r : records(tiles[size_t(cls * 64 + i)])) recs.push_back(r);
     const FitResult f = fit(recs, parameter_grid());
-    std::printf("%s: %zu tiles; quick fit on %ld elements: %s, %ld mismatch(es), %zu exact set(s)\n",
-                name, tiles.size(), f.records, f.best.str().c_str(), f.mismatches, f.exact.size());
+    std::printf(
+        "%s: %zu tiles; quick fit on %ld elements: %s, %ld mismatch(es), %zu exact set(s)\n", name,
+        tiles.size(), f.records, f.best.str().c_str(), f.mismatches, f.exact.size());
     all.insert(all.end(), tiles.begin(), tiles.end());
   }
   write_probe(argv[1], all);

@@ -10,8 +10,8 @@
 namespace qkmla::gpu {
 
 // One case as the kernels read it: every tensor as the fp32 values of its stored bits (uploading
-// converts them back to those bits exactly). Shapes follow conventions §2; the cache is dense per sequence
-// here and paged by the pipeline (pipeline.hpp, plan.hpp).
+// converts them back to those bits exactly). Shapes follow conventions §2; the cache is dense per
+// sequence here and paged by the pipeline (pipeline.hpp, plan.hpp).
 struct GpuCase {
   Dims d;
   std::vector<int> seqlens;         // [B]

@@ -1,6 +1,6 @@
 // certify: the checks D.1-D.7 of proofs/absorption.md on every (b, i, t, h) of a case. Explicit
-// side: the conventions §1.1 formulas on materialized keys. Absorbed side: q_latent, the Gram-form key
-// statistic and the caller's Perturbation through the hooks of core/perturbation.hpp.
+// side: the conventions §1.1 formulas on materialized keys. Absorbed side: q_latent, the Gram-form
+// key statistic and the caller's Perturbation through the hooks of core/perturbation.hpp.
 #include "reference/certify.hpp"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
-// ref.explicit's stages (conventions §1.1; proofs/reference.md, steps E.1-E.7, U.1): the query rows, and
-// one share of a sequence's query rows run in phases over token blocks, so that the P run and the
-// check run can take turns on each block of exact products (ref_explicit_pair, S.4).
+// ref.explicit's stages (conventions §1.1; proofs/reference.md, steps E.1-E.7, U.1): the query
+// rows, and one share of a sequence's query rows run in phases over token blocks, so that the P run
+// and the check run can take turns on each block of exact products (ref_explicit_pair, S.4).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,7 +1,7 @@
-// ref.absorbed[.<variant>]: conventions §1.2 in the reference's precision (proofs/reference.md, steps
-// A.1-A.6, U.1, X.4). Default: alpha_q row-scaled after the dot (paper Eq. 12), gains at run time,
-// alpha_k from the transient key. Variants and perturbations (mutants, for converge) enter only
-// through core/variant.hpp and the hooks of core/perturbation.hpp.
+// ref.absorbed[.<variant>]: conventions §1.2 in the reference's precision (proofs/reference.md,
+// steps A.1-A.6, U.1, X.4). Default: alpha_q row-scaled after the dot (paper Eq. 12), gains at run
+// time, alpha_k from the transient key. Variants and perturbations (mutants, for converge) enter
+// only through core/variant.hpp and the hooks of core/perturbation.hpp.
 #include <chrono>
 #include <limits>
 #include <memory>

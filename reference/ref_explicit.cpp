@@ -1,5 +1,5 @@
-// ref.explicit: conventions §1.1 evaluated stage by stage (proofs/reference.md, steps E.1-E.7, U.1) by
-// shares of query rows (reference/explicit_rows.hpp), alone or as a P run and a check run that
+// ref.explicit: conventions §1.1 evaluated stage by stage (proofs/reference.md, steps E.1-E.7, U.1)
+// by shares of query rows (reference/explicit_rows.hpp), alone or as a P run and a check run that
 // take turns on each block of exact products (S.4).
 #include <algorithm>
 #include <chrono>

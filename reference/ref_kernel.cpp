@@ -1,5 +1,6 @@
-// ref.kernel: the kernel-level reference (conventions §2), computed at the current precision from the
-// already-rounded kernel inputs, so that an audit measures a kernel's own error (steps A.4-A.5).
+// ref.kernel: the kernel-level reference (conventions §2), computed at the current precision from
+// the already-rounded kernel inputs, so that an audit measures a kernel's own error (steps
+// A.4-A.5).
 #include <chrono>
 
 #include "reference/latent_core.hpp"

@@ -1,5 +1,5 @@
-// audit.*: verdicts that follow the arithmetic, not the packaging (conventions §5 "Judging"): what a
-// delivered dtype says, structure statistics, incomplete outputs, a declared (strict) design, and
+// audit.*: verdicts that follow the arithmetic, not the packaging (conventions §5 "Judging"): what
+// a delivered dtype says, structure statistics, incomplete outputs, a declared (strict) design, and
 // a judged run never part of its own yardstick.
 #include <doctest/doctest.h>
 
@@ -52,8 +52,9 @@ const TensorAudit& tensor(const AuditResult& r, const std::string& t) {
 
 }  // namespace
 
-// At 3f7e4fa an F32 out was read as "every rounding point fp32": conventions §3's own absorbed design
-// delivered unrounded failed every bf16 audit (ratios to 7.5e3), and bf16 values delivered as F32
+// At 3f7e4fa an F32 out was read as "every rounding point fp32": conventions §3's own absorbed
+// design delivered unrounded failed every bf16 audit (ratios to 7.5e3), and bf16 values delivered
+// as F32
 // (.float()) failed where the same values as BF16 passed.
 TEST_CASE("audit.delivered_dtype.says_only_its_own_point") {
   for (const char* scenario : {"normal", "large_logits", "outliers"}) {

@@ -1,8 +1,8 @@
 // extremes.*: numerical extremes through every registered CPU implementation and the kernels'
 // model (issue "hardening"): subnormal and huge inputs, a single visible token, all-equal logits,
 // inf/NaN in unused cache slots and in a visible one. Never a crash; non-finite positions matched;
-// verdicts as conventions §5 says (a correct implementation passes where its arithmetic can represent
-// the case; where fp32 overflows and the reference does not, it fails).
+// verdicts as conventions §5 says (a correct implementation passes where its arithmetic can
+// represent the case; where fp32 overflows and the reference does not, it fails).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -51,8 +51,8 @@ Judgement judge_all(const Case& k) {
   for (size_t n = 0; n < ids.size(); ++n) {
     const Outputs& out = outs[n];
     // The gate's yardstick: correct implementations of the implementation's own design.
-    const Yardstick y =
-        measure_yardstick(k, std::vector<Design>{design_of(ids[n], k.cfg.profile)}, truth_of, kTensors);
+    const Yardstick y = measure_yardstick(k, std::vector<Design>{design_of(ids[n], k.cfg.profile)},
+                                          truth_of, kTensors);
     const auto b = bounds.find(out.impl);
     for (const Judged& x : judge_outputs(default_rule(), k, t, out, kTensors, y.rel_l2,
                                          b == bounds.end() ? nullptr : &b->second)) {

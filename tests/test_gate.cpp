@@ -70,7 +70,8 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   const GateRule d = default_rule();
   REQUIRE(!d.budgets.empty());
   for (const Budget& b : d.budgets) CHECK(!b.source.empty());
-  CHECK(d.baseline_k_source.find("measured") != std::string::npos);  // a sourced k, not the brief's 2
+  CHECK(d.baseline_k_source.find("measured") !=
+        std::string::npos);  // a sourced k, not the brief's 2
   Metrics m;
   m.rel_l2 = 1;
   const Subject s{"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"};

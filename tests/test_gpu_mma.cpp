@@ -40,9 +40,9 @@ std::string temp_file(const char* name) {
 }  // namespace
 
 TEST_CASE("gpu.mma.fitter_recovers_known_parameters") {
-  const MmaParams known[] = {{8, true, 24, false, false},   // Hopper-like: truncation throughout
-                             {4, true, 26, false, true},    // Ampere-like groups of four
-                             {16, false, 30, true, true},   // c added last, rounded alignment
+  const MmaParams known[] = {{8, true, 24, false, false},  // Hopper-like: truncation throughout
+                             {4, true, 26, false, true},   // Ampere-like groups of four
+                             {16, false, 30, true, true},  // c added last, rounded alignment
                              {2, true, 25, true, false}};
   uint64_t seed = 1;
   for (const MmaParams& p : known)

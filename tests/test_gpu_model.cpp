@@ -46,8 +46,8 @@ double baseline_ratio(const Case& k, const Outputs& o, const std::string& tensor
   return rel(o) / std::max(rel(base), unit_roundoff(stored_dtype(k.cfg.profile)) / 16);
 }
 
-// The gate's verdict on a report row (conventions §6 rule with the budget table: k = 2, or the measured
-// budgets of src/harness/budgets.toml for tiny tensors and large_logits).
+// The gate's verdict on a report row (conventions §6 rule with the budget table: k = 2, or the
+// measured budgets of src/harness/budgets.toml for tiny tensors and large_logits).
 Verdict verdict(const Row& row, const std::string& preset, const std::string& scenario) {
   return judge(default_rule(), Subject{row.impl, preset, scenario, row.profile, row.tensor}, row.m,
                row.baseline_ratio, row.m.compared);
@@ -191,8 +191,8 @@ TEST_CASE("gpu.model.closed_form.zero_query_gives_log_n") {
 }
 
 TEST_CASE("gpu.model.fp8_reads_codes_and_scales") {
-  // fp8: the latent cache is e4m3 codes with one fp32 scale per token (conventions §3); the model is
-  // judged against the reference on the dequantized cache. Dropping the scales must fail.
+  // fp8: the latent cache is e4m3 codes with one fp32 scale per token (conventions §3); the model
+  // is judged against the reference on the dequantized cache. Dropping the scales must fail.
   Case k = generate_case(
       test::tiny_config(Profile::FP8, {130, 9}, 2, NormMode::Blockwise, test::seed(417)));
   REQUIRE(k.get("kv_c").dtype == DType::F8_E4M3);

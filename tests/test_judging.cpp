@@ -58,9 +58,10 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   // read as "everything fp32", which failed conventions §3's own design delivered unrounded).
   const auto f32 = candidate_designs(c, Form::Absorbed, {{"out", {DType::F32}}});
   CHECK(outs(f32) == std::set<DType>{DType::F32});
-  for (const char* f : {"all-fp32 compute", "conventions §3 rounding points", "conventions §3 points mixed",
-                        "FlashMLA-style (P stored, exp2)", "PyTorch module (every op stored)",
-                        "softmax scale folded into q", "approximate rsqrt statistic"}) {
+  for (const char* f :
+       {"all-fp32 compute", "conventions §3 rounding points", "conventions §3 points mixed",
+        "FlashMLA-style (P stored, exp2)", "PyTorch module (every op stored)",
+        "softmax scale folded into q", "approximate rsqrt statistic"}) {
     CAPTURE(f);
     CHECK(family(f32, f));
   }
@@ -75,8 +76,8 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   const auto all = candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}});
   int mixes = 0;
   for (const Candidate& x : all) {
-    mixes += x.family == "conventions §3 points mixed" || x.family == "conventions §3 rounding points" ||
-             x.family == "all-fp32 compute";
+    mixes += x.family == "conventions §3 points mixed" ||
+             x.family == "conventions §3 rounding points" || x.family == "all-fp32 compute";
     CHECK((x.d.out == DType::BF16 && x.d.alpha_k == DType::F32));
   }
   CHECK(mixes == 16);
@@ -86,8 +87,8 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   const auto few = candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}});
   CHECK(few.size() < all.size());
   CHECK(family(few, "PyTorch module (every op stored)"));
-  const auto bf = candidate_designs(c, Form::Absorbed,
-                                    {{"out", {DType::BF16}}, {"alpha_k", {DType::BF16}}});
+  const auto bf =
+      candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}, {"alpha_k", {DType::BF16}}});
   for (const Candidate& x : bf) CHECK(x.d.alpha_k == DType::BF16);
   // fp8: the cache dequantized to bf16 before the dot products is a family of its own.
   c.profile = Profile::FP8;
@@ -124,17 +125,18 @@ TEST_CASE("judge.yardstick.samples_the_merged_gains_rounding_point") {
   };
   Design merged = spec_design(c.profile, Form::Absorbed);
   merged.gains_merged = true;
-  const auto runtime =
-      measure_yardstick(k, std::vector<Design>{spec_design(c.profile, Form::Absorbed)}, truth_of,
-                        {"latent_out"});
-  const auto with_merged = measure_yardstick(k, std::vector<Design>{merged}, truth_of, {"latent_out"});
+  const auto runtime = measure_yardstick(
+      k, std::vector<Design>{spec_design(c.profile, Form::Absorbed)}, truth_of, {"latent_out"});
+  const auto with_merged =
+      measure_yardstick(k, std::vector<Design>{merged}, truth_of, {"latent_out"});
   CHECK(with_merged.rel_l2.at("latent_out") > 4 * runtime.rel_l2.at("latent_out"));
 }
 
 // Held-out audit seeds 1518 and 1742 (and fit seed 286): fp16, unified norm, tiny keys. A correct
 // explicit kernel that caches its rotated, gain-applied rope keys stores them in fp16 before
-// alpha_k scales them; tiny keys make them fp16 subnormals, so lse moves far beyond the conventions §3
-// design's yardstick (false alarms at ratios 4.67-8.94 before the explicit lattice had this point).
+// alpha_k scales them; tiny keys make them fp16 subnormals, so lse moves far beyond the conventions
+// §3 design's yardstick (false alarms at ratios 4.67-8.94 before the explicit lattice had this
+// point).
 TEST_CASE("judge.yardstick.samples_the_cached_rope_key_rounding_point") {
   MlaConfig c = test::tiny_config(Profile::FP16, {0, 17, 40}, 2, NormMode::Unified, 1518);
   c.scenario = "tiny_keys";
@@ -146,9 +148,8 @@ TEST_CASE("judge.yardstick.samples_the_cached_rope_key_rounding_point") {
   };
   Design cached = spec_design(c.profile, Form::Explicit);
   cached.rope_key = DType::F16;
-  const auto spec =
-      measure_yardstick(k, std::vector<Design>{spec_design(c.profile, Form::Explicit)}, truth_of,
-                        {"out", "lse"});
+  const auto spec = measure_yardstick(
+      k, std::vector<Design>{spec_design(c.profile, Form::Explicit)}, truth_of, {"out", "lse"});
   const auto with_cached =
       measure_yardstick(k, std::vector<Design>{cached}, truth_of, {"out", "lse"});
   for (const std::string t : {"out", "lse"})

@@ -1,6 +1,6 @@
-// reference.shared_data.*: our reference reproduces the cases an independent implementation computed
-// (tests/data/README.md), vendored in tests/data; configured with QKMLA_INDEPENDENT_DATA (a folder
-// of the originals), the copy must also be identical to them.
+// reference.shared_data.*: our reference reproduces the cases an independent implementation
+// computed (tests/data/README.md), vendored in tests/data; configured with QKMLA_INDEPENDENT_DATA
+// (a folder of the originals), the copy must also be identical to them.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -2,10 +2,6 @@
 // -> make_golden (golden), read_case (load), run_audit + the audit printers (audit).
 #include "api/qkmla.hpp"
 
-#include <unistd.h>
-
-#include <atomic>
-#include <filesystem>
 #include <stdexcept>
 
 #include "core/generator.hpp"
@@ -98,26 +94,14 @@ MlaConfig config_of(const CaseOptions& o) {
   return c;
 }
 
-// The user's arrays through exactly the CLI's --inputs path (a temporary safetensors file).
+// The user's arrays through the CLI's --inputs path from the parsed file on: case_from_file takes
+// the tensors in memory (each already checked to hold only values of its dtype), so nothing is
+// written to disk.
 InputsCase from_inputs(const CaseOptions& o) {
   SafetensorsFile f;
   for (const auto& [name, a] : o.inputs) f.tensors[name] = to_tensor(name, a);
-  static std::atomic<uint64_t> calls{0};  // callers may run at once (Python releases the GIL)
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("qkmla-inputs-" + std::to_string(::getpid()) +
-                                                 "-" + std::to_string(calls++) + ".safetensors"))
-          .string();
-  write_safetensors(path, f);
-  struct Remove {
-    std::string p;
-    ~Remove() { std::filesystem::remove(p); }
-  } remove{path};
-  try {
-    return case_from_inputs({path, o.config_json.empty() ? "{}" : o.config_json, o.round_inputs});
-  } catch (const InputError& e) {  // name the caller's arrays, not the temporary file
-    if (e.file != path) throw;
-    throw InputError("<inputs>", e.field, e.problem);
-  }
+  return case_from_file(std::move(f),
+                        {"<inputs>", o.config_json.empty() ? "{}" : o.config_json, o.round_inputs});
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ void parse_args(CLI::App& app, const std::vector<std::string>& args);
 MlaConfig build_config(const CaseFlags& f, int default_seqlen);
 std::vector<Profile> build_profiles(const CaseFlags& f, const std::vector<Profile>& defaults);
 
-// Only what was given (flags, --config file, --preset's dims), as a JSON object of conventions §9 keys:
-// the overrides of a config read from elsewhere (golden --inputs).
+// Only what was given (flags, --config file, --preset's dims), as a JSON object of conventions §9
+// keys: the overrides of a config read from elsewhere (golden --inputs).
 std::string given_overrides_json(const CaseFlags& f);
 
 // A --config file's keys as a JSON object text (TOML files are converted); InputError naming the

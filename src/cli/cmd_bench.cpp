@@ -99,7 +99,9 @@ Runner add_bench(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--batch", f->o.batch, "batch size")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  cmd->add_option("--heads", f->o.heads, "query heads H")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--heads", f->o.heads, "query heads H")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_option("--groups", f->o.groups, "latent groups G (H % G == 0)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -116,7 +118,8 @@ Runner add_bench(CLI::App& app, const std::string& command_line) {
                   "pages (64 tokens) per split-KV split; 0: the plan's choice")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--format", f->format, "table|md|json|jsonl (jsonl: one line per row as it finishes)")
+  cmd->add_option("--format", f->format,
+                  "table|md|json|jsonl (jsonl: one line per row as it finishes)")
       ->check(CLI::IsMember({"table", "md", "json", "jsonl"}))
       ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");

@@ -1,5 +1,6 @@
 // qkmla golden: a case file with the inputs rounded to a profile, the config, the fp64 reference
-// outputs and the same-profile baseline's error (so an audit applies conventions §6 without recomputing).
+// outputs and the same-profile baseline's error (so an audit applies conventions §6 without
+// recomputing).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -62,10 +63,11 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
       ->check(CLI::Range(64, 4096))
       ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "the .safetensors file to write")->required();
-  cmd->add_option("--inputs", f->inputs,
-                  "the inputs from a safetensors file (conventions §2 names; config from its metadata, "
-                  "else from shapes and dtypes; "
-                  "case flags given override)")
+  cmd->add_option(
+         "--inputs", f->inputs,
+         "the inputs from a safetensors file (conventions §2 names; config from its metadata, "
+         "else from shapes and dtypes; "
+         "case flags given override)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--round-inputs", f->round_inputs,
                 "with --inputs: round values the profile cannot store once (RNE) instead of "

@@ -42,7 +42,8 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
 // other tensor is valid everywhere. Empty result = all valid.
 std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
 
-// NoPE (d_r = 0): the rope tensors may be absent from a file (conventions §1.3); adds the empty ones
+// NoPE (d_r = 0): the rope tensors may be absent from a file (conventions §1.3); adds the empty
+// ones
 // ([..., 0]) so every implementation reads the same names. No-op otherwise.
 void complete_nope(Case& k);
 

@@ -67,8 +67,8 @@ Level parse_level(const std::string& s);
 DType stored_dtype(Profile p);      // inputs, weights, caches (fp8: the non-cache tensors)
 DType accumulate_dtype(Profile p);  // sums and scalars
 
-// JSON text of conventions §9. Parsing rejects unknown keys and wrong types (ConfigError naming the key)
-// and validates the result.
+// JSON text of conventions §9. Parsing rejects unknown keys and wrong types (ConfigError naming the
+// key) and validates the result.
 std::string config_to_json(const MlaConfig& c);
 MlaConfig config_from_json(const std::string& text);
 // Sets the keys present in a JSON object (a partial config: e.g. a --config file), strictly typed;

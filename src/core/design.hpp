@@ -1,6 +1,6 @@
-// A design: where an implementation rounds (conventions §3 "Rounding points", §5 "Judging"). Every value
-// is computed in the profile's accumulate type A; each rounding point names the format it is stored
-// in before the next stage reads it (A itself: not rounded). The CPU implementations run any
+// A design: where an implementation rounds (conventions §3 "Rounding points", §5 "Judging"). Every
+// value is computed in the profile's accumulate type A; each rounding point names the format it is
+// stored in before the next stage reads it (A itself: not rounded). The CPU implementations run any
 // design (src/impl), the error-bound type bounds it, and an audit judges a kernel against correct
 // implementations of the design it declares or delivers.
 #pragma once
@@ -19,7 +19,8 @@ struct Design {
   DType rope = DType::F32;  // the query and key rope parts (qr^, kr^ or their unified forms)
   DType kv = DType::F32;    // explicit only: the materialized keys kc^ and values v
   // explicit, unified norm only: the gain-applied rope key before alpha_k scales it, stored where
-  // a kernel caches its rotated keys and normalizes at attention time. Not a conventions §3 point: A.
+  // a kernel caches its rotated keys and normalizes at attention time. Not a conventions §3 point:
+  // A.
   DType rope_key = DType::F32;
   DType alpha_k = DType::F32;     // the cached key statistic
   DType p = DType::F32;           // the probabilities as p.c (p.v) reads them
@@ -28,12 +29,13 @@ struct Design {
   // absorbed: gamma_cq (.) gamma_ck merged into WK offline and rounded once to the weight dtype
   // (conventions §1.2), one more rounding point than applying the gains at run time.
   bool gains_merged = false;
-  // What real code does beyond conventions §3's points (proofs/budgets.md names who does each). F64 at a
-  // point: not rounded (every accumulate type is within F64).
+  // What real code does beyond conventions §3's points (proofs/budgets.md names who does each). F64
+  // at a point: not rounded (every accumulate type is within F64).
   DType score = DType::F64;  // the logit and its two dot products stored (a PyTorch module: bf16)
   DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
-  bool scale_in_q = false;   // sigma multiplied into q_latent and the query rope part before rounding
-  bool exp2 = false;         // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
+  bool scale_in_q =
+      false;          // sigma multiplied into q_latent and the query rope part before rounding
+  bool exp2 = false;  // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
   bool approx_rsqrt = false;  // 1/S through an approximate rsqrt (a few ulp of the statistic)
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&

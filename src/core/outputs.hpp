@@ -1,4 +1,5 @@
-// What one implementation produced for one case: named output tensors (conventions §2) and its time.
+// What one implementation produced for one case: named output tensors (conventions §2) and its
+// time.
 #pragma once
 #include <map>
 #include <string>
@@ -20,7 +21,8 @@ struct Outputs {
   double seconds = 0.0;
 };
 
-// Output tensors with their conventions §2 shapes, filled with `fill` (alpha_k rows past T_b stay NaN).
+// Output tensors with their conventions §2 shapes, filled with `fill` (alpha_k rows past T_b stay
+// NaN).
 Tensor make_output(const Case& k, const std::string& name, DType d, double fill);
 
 }  // namespace qkmla

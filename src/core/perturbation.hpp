@@ -1,6 +1,6 @@
 // The one mechanism by which a bug is injected into an implementation: a Perturbation is data
-// (which step deviates from conventions §1 and how), and the hooks below are the only places where the
-// absorbed implementations (reference/ref_absorbed, src/impl/cpu_absorbed) and the exact
+// (which step deviates from conventions §1 and how), and the hooks below are the only places where
+// the absorbed implementations (reference/ref_absorbed, src/impl/cpu_absorbed) and the exact
 // certifier (reference/certify) consult it. The default-constructed Perturbation is the correct
 // path, so the correct code reads as the paper. The shipped mutants of conventions §7 are named
 // Perturbations (src/impl/mutants.cpp): the gate runs them, certify refutes the same objects.

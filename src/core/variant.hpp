@@ -1,5 +1,5 @@
-// The absorbed-form variants of conventions §1.2: equivalent in exact arithmetic, different in rounding.
-// One vocabulary for the reference (ref.absorbed.<variant>), the CPU profiles
+// The absorbed-form variants of conventions §1.2: equivalent in exact arithmetic, different in
+// rounding. One vocabulary for the reference (ref.absorbed.<variant>), the CPU profiles
 // (cpu.absorbed.<profile>.<variant>) and every report.
 #pragma once
 #include <string>

@@ -114,7 +114,8 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
   const std::string profile = to_string(job.cfg.profile);
   const std::vector<ImplId> wanted = wanted_ids(entry, k.cfg);
   const std::vector<Outputs> impls = run_impls(k, wanted);
-  // The yardstick of each judged design (conventions §5): correct implementations of it on this case.
+  // The yardstick of each judged design (conventions §5): correct implementations of it on this
+  // case.
   std::map<std::string, Yardstick> yardsticks;  // design -> its samples
   auto truth_of = [&](const std::string& t) {
     const Outputs* o = truth.of(t);
@@ -155,8 +156,7 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
     std::map<std::string, double> baseline;
     for (const std::string& t : c.tensors)
       if (o.tensors.count(t)) {
-        const double y = yardsticks.at(design).rms(
-            0, t, digest(o.tensors.at(t), valid_mask(k, t)));
+        const double y = yardsticks.at(design).rms(0, t, digest(o.tensors.at(t), valid_mask(k, t)));
         if (!std::isnan(y)) baseline[t] = y;
       }
     const std::vector<Judged> judged = judge_outputs(c.rule, k, truth, o, c.tensors, baseline,

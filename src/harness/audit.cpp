@@ -1,10 +1,10 @@
 #include "harness/audit.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "harness/yardstick.hpp"
@@ -163,9 +163,9 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   const std::vector<Candidate> inferred =
       o.design.empty() ? candidate_designs(c, form, delivered) : std::vector<Candidate>{};
   const std::vector<Candidate> designs =
-      o.design.empty() ? inferred
-                       : std::vector<Candidate>{{"declared design",
-                                                 parse_design(o.design, c.profile, form)}};
+      o.design.empty()
+          ? inferred
+          : std::vector<Candidate>{{"declared design", parse_design(o.design, c.profile, form)}};
   res.declared = o.design.empty() ? "" : to_string(designs[0].d);
   for (const Candidate& d : designs) res.designs.push_back(to_string(d.d));
   std::vector<std::string> names;
@@ -187,9 +187,16 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     size_t which = 0;
     in.baseline_rel_l2 = ys.least_accurate(name, self, &which);
     in.floor = baseline_floor(x.dtype);  // of the delivered type (conventions §5)
-    TensorAudit a{judge_tensor(o.rule, in), x.dtype, !std::isnan(in.baseline_rel_l2),
-                  in.baseline_rel_l2, std::isnan(in.baseline_rel_l2) ? "" : res.designs[which],
-                  {}, {}, breakdown(x, *in.y, 2), breakdown(x, *in.y, 0), top_errors(x, *in.y, 5)};
+    TensorAudit a{judge_tensor(o.rule, in),
+                  x.dtype,
+                  !std::isnan(in.baseline_rel_l2),
+                  in.baseline_rel_l2,
+                  std::isnan(in.baseline_rel_l2) ? "" : res.designs[which],
+                  {},
+                  {},
+                  breakdown(x, *in.y, 2),
+                  breakdown(x, *in.y, 0),
+                  top_errors(x, *in.y, 5)};
     const double k = allowance(o.rule, a.j.samples);
     if (a.judged && is_primary(c, name)) {
       a.families = family_fits(ys, name, a.j.m.rel_l2, in.floor, k, self);
@@ -217,12 +224,13 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
         fmt::join(held, ", "), primary[0], primary[1]);
   }
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
-    const Yardstick all = measure_yardstick(cf.k, candidate_designs(c, form, delivered), ref, names);
+    const Yardstick all =
+        measure_yardstick(cf.k, candidate_designs(c, form, delivered), ref, names);
     for (const TensorAudit& a : res.tensors)
       if (!a.j.v.pass && is_primary(c, a.j.tensor))
-        res.undeclared[a.j.tensor] =
-            family_fits(all, a.j.tensor, a.j.m.rel_l2, baseline_floor(a.delivered),
-                        allowance(o.rule, a.j.samples), digest(given.at(a.j.tensor), masks[a.j.tensor]));
+        res.undeclared[a.j.tensor] = family_fits(
+            all, a.j.tensor, a.j.m.rel_l2, baseline_floor(a.delivered),
+            allowance(o.rule, a.j.samples), digest(given.at(a.j.tensor), masks[a.j.tensor]));
   }
   if (!res.pass() && res.nothing_judged.empty() && o.diagnose) {
     std::map<std::string, double> allowed;  // the rel_l2 each tensor may have and pass

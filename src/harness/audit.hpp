@@ -43,9 +43,9 @@ struct StructureCheck {
 struct TensorAudit {
   Judged j;
   DType delivered = DType::F64;
-  bool judged = true;            // false: no yardstick for it (printed "not judged", never PASS)
-  double yardstick = 0;          // rel_l2 of the least accurate consistent design
-  std::string yardstick_design;  // that design
+  bool judged = true;               // false: no yardstick for it (printed "not judged", never PASS)
+  double yardstick = 0;             // rel_l2 of the least accurate consistent design
+  std::string yardstick_design;     // that design
   std::vector<FamilyFit> families;  // tightest first (primary outputs; undeclared designs)
   std::vector<StructureCheck> structure;
   std::vector<std::pair<int64_t, double>> per_head, per_seq;  // (index, rel_l2)

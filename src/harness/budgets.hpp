@@ -15,7 +15,8 @@ struct Budget {
   std::string tensor;    // tensor name or "*"
   std::string metric;    // max_abs | max_ulp | rel_l2 | cos_diff | baseline_ratio
   double max = 0;
-  std::string source;  // a proof step in proofs/, conventions section, or a measured baseline + commit
+  std::string
+      source;  // a proof step in proofs/, conventions section, or a measured baseline + commit
 };
 
 struct GateRule {
@@ -31,16 +32,18 @@ struct GateRule {
 GateRule default_rule();
 const std::string& default_budget_text();
 // Reads overrides: `baseline_k = K`, [[budget]] tables with impl/profile/tensor/metric/max/
-// source, and a [design] table of rounding points (keys of core/design.hpp, string values). Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones.
-// Throws InputError naming the file and the key.
+// source, and a [design] table of rounding points (keys of core/design.hpp, string values).
+// Replaces budgets with the same (impl, profile, tensor, metric) and adds new ones. Throws
+// InputError naming the file and the key.
 void apply_budget_file(GateRule& rule, const std::string& path);
 // The same for TOML text already read; `name` is what messages call the file.
 void apply_budget_text(GateRule& rule, const std::string& text, const std::string& name);
 
 struct Verdict {
   bool pass = true;
-  std::vector<std::string> failed;  // "nonfinite_mismatch=3", "baseline_ratio=2.7>2 (conventions §6)", ...
-  std::string first_metric;         // the metric of the first failure ("" if passed)
+  std::vector<std::string>
+      failed;  // "nonfinite_mismatch=3", "baseline_ratio=2.7>2 (conventions §6)", ...
+  std::string first_metric;  // the metric of the first failure ("" if passed)
 };
 
 // What a verdict is about (budgets match on these).

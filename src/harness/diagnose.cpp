@@ -135,7 +135,7 @@ std::vector<Convention> make_conventions() {
           [](Perturbation& p) { p.rope_unscaled_by_alpha_k = true; },
           [](const MlaConfig& c) { return c.norm == NormMode::Unified && c.d_r > 0; }),
   };
-  for (const impl::Mutant& m : impl::mutants()) {        // conventions §7's mutants are conventions too
+  for (const impl::Mutant& m : impl::mutants()) {  // conventions §7's mutants are conventions too
     if (m.p.rounding_only() || m.p.lse_base2) continue;  // rounding only; lse base 2 is above
     const std::string name = "mutant=" + m.name;
     const Perturbation p = m.p;

@@ -1,10 +1,10 @@
 // Diagnosis of a failed audit: the case evaluated again under alternative conventions, the
 // mistakes MLA kernels actually make (lse base, softmax scale placement and precision, rope layout
 // and position, eps, the RMS mean, missing or doubled gains, alpha_k on the unified rope part,
-// causality, fp8 scales, the split-KV combine, and conventions §7's mutants), each in fp64 arithmetic on
-// the same bits. A convention the outputs match far better than the case's own is named, with
-// both distances: "out matches the reference under rope_style=half: rel_l2 3.1e-7 (0.42 under the
-// case's conventions)".
+// causality, fp8 scales, the split-KV combine, and conventions §7's mutants), each in fp64
+// arithmetic on the same bits. A convention the outputs match far better than the case's own is
+// named, with both distances: "out matches the reference under rope_style=half: rel_l2 3.1e-7 (0.42
+// under the case's conventions)".
 #pragma once
 #include <map>
 #include <string>

@@ -1,5 +1,6 @@
-// Implementation ids (conventions §4) as structured values with one print/parse pair. Every id a report,
-// gate, golden case, audit or converge run shows is printed here; nothing else takes ids apart.
+// Implementation ids (conventions §4) as structured values with one print/parse pair. Every id a
+// report, gate, golden case, audit or converge run shows is printed here; nothing else takes ids
+// apart.
 //
 //   ref.<form>[.<variant>]                 ref.explicit, ref.absorbed.gram_alpha_k, ref.kernel
 //   cpu.<form>[.<profile>][.<variant>]     cpu.explicit.bf16, cpu.absorbed.fp8.alpha_k_bf16

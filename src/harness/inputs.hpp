@@ -1,7 +1,7 @@
 // A user's own inputs (trained gains, real activations) as a case (`qkmla golden --inputs`): the
-// conventions §2 tensors from a safetensors file, the config from the file's metadata, from shapes and
-// dtypes where they are unambiguous, and from the flags given (which win, and must agree with the
-// shapes). Values the chosen profile cannot store are refused with tensor and index, or rounded
+// conventions §2 tensors from a safetensors file, the config from the file's metadata, from shapes
+// and dtypes where they are unambiguous, and from the flags given (which win, and must agree with
+// the shapes). Values the chosen profile cannot store are refused with tensor and index, or rounded
 // once (round-to-nearest-even) when asked, and the case records it.
 #pragma once
 #include <map>

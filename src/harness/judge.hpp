@@ -1,5 +1,5 @@
-// The judge, written once (conventions §5, §6): metrics of an output against its truth, the baseline
-// ratio with its floor, the budgets, and the verdict. report, gate and audit all call it.
+// The judge, written once (conventions §5, §6): metrics of an output against its truth, the
+// baseline ratio with its floor, the budgets, and the verdict. report, gate and audit all call it.
 #pragma once
 #include <map>
 #include <string>
@@ -24,9 +24,9 @@ struct Judged {
 // latent_out and q_latent (one logit error moves a whole row), its compared values otherwise.
 int64_t effective_samples(const std::string& tensor, int64_t compared, const Tensor& y);
 
-// The floor of the baseline ratio's denominator (conventions §5): u/16 of the type the tensor is computed
-// and delivered in (fp32 for lse and alpha_k in every low-precision profile), so that it only
-// stops a zero yardstick from making every ratio infinite and stays far below real errors.
+// The floor of the baseline ratio's denominator (conventions §5): u/16 of the type the tensor is
+// computed and delivered in (fp32 for lse and alpha_k in every low-precision profile), so that it
+// only stops a zero yardstick from making every ratio infinite and stays far below real errors.
 double baseline_floor(DType delivered);
 // rel_l2 / max(baseline rel_l2, floor); NaN when the baseline is NaN (none).
 double baseline_ratio(double rel_l2, double baseline_rel_l2, double floor);

@@ -60,7 +60,8 @@ std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& 
     if (!wider(x.dtype, f) || std::find(out.begin(), out.end(), f) != out.end()) continue;
     bool holds = true;
     for (int64_t i = 0; i < x.numel() && holds; ++i)
-      holds = (!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || round_to(f, x[i]) == x[i];
+      holds =
+          (!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || round_to(f, x[i]) == x[i];
     if (holds) out.push_back(f);
   }
   return out;
@@ -68,8 +69,8 @@ std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& 
 
 namespace {
 
-// The families every form shares, each a variation of `base` (conventions §3's points with out, alpha_k
-// as delivered); proofs/budgets.md names the public code behind each.
+// The families every form shares, each a variation of `base` (conventions §3's points with out,
+// alpha_k as delivered); proofs/budgets.md names the public code behind each.
 void real_code_families(const MlaConfig& c, const Design& base, DType D,
                         const std::function<void(const std::string&, Design)>& add) {
   Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
@@ -97,7 +98,8 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
 
 }  // namespace
 
-std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered) {
+std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
+                                         const Delivered& delivered) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
   // The point a delivered format stands for: not rounded (A) when at least as wide as A.
   auto points_of = [&](const char* t) {
@@ -165,9 +167,10 @@ uint64_t digest(const Tensor& x, const std::vector<bool>& mask) {
 
 namespace {
 
-// The exact-arithmetic variants a design's correct implementations may take (conventions §1.2): they
-// round at the same points but different values (alpha_q folded in or not, the query normalized
-// first or not), so they sample the design's rounding noise, not only its summation order's.
+// The exact-arithmetic variants a design's correct implementations may take (conventions §1.2):
+// they round at the same points but different values (alpha_q folded in or not, the query
+// normalized first or not), so they sample the design's rounding noise, not only its summation
+// order's.
 std::vector<Variant> sample_variants(const MlaConfig& c, const Design& d) {
   if (c.level != Level::Module || d.form != Form::Absorbed || c.norm == NormMode::None)
     return {Variant::Default};

@@ -1,7 +1,8 @@
-// The yardstick of a judged implementation (conventions §5 "Judging"): correct implementations of the
-// design it declares, or of every legitimate design consistent with what it delivered, run on the
-// same case and measured against the same truth. A verdict then asks whether the judged error, and
-// where it sits, is far beyond what a correct implementation of such a design makes on this case.
+// The yardstick of a judged implementation (conventions §5 "Judging"): correct implementations of
+// the design it declares, or of every legitimate design consistent with what it delivered, run on
+// the same case and measured against the same truth. A verdict then asks whether the judged error,
+// and where it sits, is far beyond what a correct implementation of such a design makes on this
+// case.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -30,14 +31,15 @@ struct Candidate {
   Design d;
 };
 
-// Legitimate designs (conventions §5) of the case's level and `form` consistent with what was delivered:
-// for each consistent format of out (latent_out at kernel level), the accumulate-type compute,
-// conventions §3's points, the stored/accumulate mixes of those points (every combination when the case
-// has at most 64 non-empty rows, where one ill-conditioned row can dominate and a mix can round a
-// near tie differently from both extremes; else the two extremes, whose RMS errors bracket every
-// mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with exp2, a PyTorch
-// module storing every op's output, the scale folded into q, an approximate rsqrt, and (fp8) the
-// cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered in bf16.
+// Legitimate designs (conventions §5) of the case's level and `form` consistent with what was
+// delivered: for each consistent format of out (latent_out at kernel level), the accumulate-type
+// compute, conventions §3's points, the stored/accumulate mixes of those points (every combination
+// when the case has at most 64 non-empty rows, where one ill-conditioned row can dominate and a mix
+// can round a near tie differently from both extremes; else the two extremes, whose RMS errors
+// bracket every mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with
+// exp2, a PyTorch module storing every op's output, the scale folded into q, an approximate rsqrt,
+// and (fp8) the cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered
+// in bf16.
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 
 // A digest of a tensor's valid values (bit-exact), so that a judged run is never part of its own

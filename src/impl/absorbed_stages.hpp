@@ -1,7 +1,8 @@
-// The two stages of the absorbed form in a precision profile (conventions §1.2, §3): the append step that
-// builds a sequence's latent cache (A.3) and the query step (A.1-A.2). Shared by cpu.absorbed.*
-// (cpu_absorbed.cpp) and the kernel-level case, whose inputs are exactly these stages' outputs
-// (kernel_level.cpp). Every deviation from the paper goes through a Perturbation hook.
+// The two stages of the absorbed form in a precision profile (conventions §1.2, §3): the append
+// step that builds a sequence's latent cache (A.3) and the query step (A.1-A.2). Shared by
+// cpu.absorbed.* (cpu_absorbed.cpp) and the kernel-level case, whose inputs are exactly these
+// stages' outputs (kernel_level.cpp). Every deviation from the paper goes through a Perturbation
+// hook.
 #pragma once
 #include <limits>
 

@@ -1,8 +1,8 @@
-// cpu.absorbed.<profile>[.<variant>] (and the mutants, the same code under a Perturbation): conventions
-// §1.2. Rounding points: a Design (core/design.hpp); by default conventions §3's: q_latent, the query rope
-// part and the cached rope key rounded to D; c as stored; alpha_q and alpha_k in Acc (the
-// alpha_k_bf16 variant rounds alpha_k to bf16); logits, softmax and p.c in Acc, p unrounded;
-// latent_out rounded to D; out = latent_out . WV accumulated in Acc and rounded to D.
+// cpu.absorbed.<profile>[.<variant>] (and the mutants, the same code under a Perturbation):
+// conventions §1.2. Rounding points: a Design (core/design.hpp); by default conventions §3's:
+// q_latent, the query rope part and the cached rope key rounded to D; c as stored; alpha_q and
+// alpha_k in Acc (the alpha_k_bf16 variant rounds alpha_k to bf16); logits, softmax and p.c in Acc,
+// p unrounded; latent_out rounded to D; out = latent_out . WV accumulated in Acc and rounded to D.
 #include <chrono>
 #include <map>
 #include <optional>

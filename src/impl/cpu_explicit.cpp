@@ -1,7 +1,7 @@
-// cpu.explicit.<profile>: conventions §1.1 with full key caching (one key group at a time). Rounding
-// points (conventions §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v rounded to the
-// stored dtype D; logits, softmax and p.v in Acc with p unrounded; out rounded to D; lse, alpha_q,
-// alpha_k kept in Acc.
+// cpu.explicit.<profile>: conventions §1.1 with full key caching (one key group at a time).
+// Rounding points (conventions §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v
+// rounded to the stored dtype D; logits, softmax and p.v in Acc with p unrounded; out rounded to D;
+// lse, alpha_q, alpha_k kept in Acc.
 #include <chrono>
 
 #include "bounds/error_bound.hpp"
@@ -26,8 +26,7 @@ struct ExplicitQuery {
 };
 
 template <class Acc>
-ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Design& d,
-                         Acc sigma) {
+ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Design& d, Acc sigma) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
   const Tensor& qn = k.get("q_nope");
@@ -191,8 +190,7 @@ Outputs run(const Case& k, const Design& d) {
           };
           auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
-          lse.at({b, i, h}) =
-              double(attend_row(tokens, logit, value, dv, acc, rr));  // E.6-E.7
+          lse.at({b, i, h}) = double(attend_row(tokens, logit, value, dv, acc, rr));  // E.6-E.7
           for (int j = 0; j < dv; ++j)
             out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
         }

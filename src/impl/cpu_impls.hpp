@@ -1,6 +1,6 @@
-// CPU implementations of one precision profile (conventions §3 rounding points). They return unnamed
-// Outputs: the harness registry (src/harness/registry.hpp) names them with their implementation
-// ids.
+// CPU implementations of one precision profile (conventions §3 rounding points). They return
+// unnamed Outputs: the harness registry (src/harness/registry.hpp) names them with their
+// implementation ids.
 #pragma once
 #include <optional>
 #include <vector>
@@ -13,15 +13,17 @@
 
 namespace qkmla::impl {
 
-// The absorbed variants a profile implements (conventions §3; gram_alpha_k is the reference's only).
+// The absorbed variants a profile implements (conventions §3; gram_alpha_k is the reference's
+// only).
 std::vector<Variant> variants_for(Profile p, NormMode norm);
 
 // cpu.explicit.<profile>: keys and values materialized per group (full key caching), rounding
 // where the design says (default: conventions §3's rounding points).
 Outputs cpu_explicit(const Case& k, const std::optional<Design>& d = std::nullopt);
 
-// One absorbed implementation: a variant of conventions §1.2, perturbed (a mutant) or not, rounding where
-// its design says (default: conventions §3's rounding points; alpha_k_bf16 rounds alpha_k to bf16).
+// One absorbed implementation: a variant of conventions §1.2, perturbed (a mutant) or not, rounding
+// where its design says (default: conventions §3's rounding points; alpha_k_bf16 rounds alpha_k to
+// bf16).
 struct AbsorbedSpec {
   Variant v = Variant::Default;
   Perturbation p;

@@ -1,5 +1,5 @@
-// Kernel level (conventions §2): the kernel-level case of a module-level case, and cpu.kernel.<profile>,
-// the same-profile latent attention core run on those inputs.
+// Kernel level (conventions §2): the kernel-level case of a module-level case, and
+// cpu.kernel.<profile>, the same-profile latent attention core run on those inputs.
 #include "impl/kernel_level.hpp"
 
 #include <chrono>
@@ -107,12 +107,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
         for (int64_t t = 0; t < T; ++t)
           if (hook::visible(pt, cf, T, i, t)) tokens.push_back(t);
         std::vector<Acc> lat;
-        lse[row] = double(
-            hook::lse_out(pt,
-                          latent_attend(cf, q, cache, cf.group_of(h), tokens,
-                                        design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
-                                        RowRounding::of(d, A), lat),
-                          Acc(std::log(2.0))));
+        lse[row] =
+            double(hook::lse_out(pt,
+                                 latent_attend(cf, q, cache, cf.group_of(h), tokens,
+                                               design_scale<Acc>(d, hook::softmax_scale(pt, cf)),
+                                               pt, RowRounding::of(d, A), lat),
+                                 Acc(std::log(2.0))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }

@@ -1,5 +1,5 @@
-// Kernel level (conventions §2): a FlashMLA-style decode kernel's inputs, already absorbed and rounded,
-// and the same-profile CPU kernel that is their baseline.
+// Kernel level (conventions §2): a FlashMLA-style decode kernel's inputs, already absorbed and
+// rounded, and the same-profile CPU kernel that is their baseline.
 #pragma once
 #include <optional>
 
@@ -18,9 +18,9 @@ Case kernel_case(const Case& module_case);
 // cpu.kernel.<profile>: the latent core (attention_core.hpp) on the kernel inputs: logits of
 // core/attention_math.hpp with s = alpha_q alpha_k (1 in norm none), softmax and p.c in Acc,
 // latent_out rounded to the stored dtype, lse in Acc.
-// A design (core/design.hpp) may move the p and latent_out rounding points (default conventions §3's).
-// A perturbation (a convention a diagnosis tries) changes the latent core only: lse form, scale,
-// split average, visibility.
+// A design (core/design.hpp) may move the p and latent_out rounding points (default conventions
+// §3's). A perturbation (a convention a diagnosis tries) changes the latent core only: lse form,
+// scale, split average, visibility.
 Outputs cpu_kernel(const Case& kernel_case, const std::optional<Design>& d = std::nullopt,
                    const Perturbation& p = {});
 

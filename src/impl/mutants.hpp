@@ -1,6 +1,7 @@
-// The deliberately wrong implementations of conventions §7: plausible bugs the gate must catch. Each is a
-// named Perturbation (core/perturbation.hpp) of the default absorbed implementation; the gate
-// runs it through cpu_absorbed, certify refutes the same object, converge evaluates it in MPFR.
+// The deliberately wrong implementations of conventions §7: plausible bugs the gate must catch.
+// Each is a named Perturbation (core/perturbation.hpp) of the default absorbed implementation; the
+// gate runs it through cpu_absorbed, certify refutes the same object, converge evaluates it in
+// MPFR.
 #pragma once
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
-// Where an error sits, not only how large it is (conventions §5 "Judging"): the worst unit (a row, a
-// head, a sequence) and the error's systematic part (its projection on the reference), so that one
-// wrong head, one wrong sequence, a 1 % scale or a per-row scale error is seen even when the
+// Where an error sits, not only how large it is (conventions §5 "Judging"): the worst unit (a row,
+// a head, a sequence) and the error's systematic part (its projection on the reference), so that
+// one wrong head, one wrong sequence, a 1 % scale or a per-row scale error is seen even when the
 // whole tensor's rel_l2 hides it among rounding noise. An audit compares each statistic with the
 // same statistic of correct implementations on the same case (harness/yardstick.hpp).
 #pragma once

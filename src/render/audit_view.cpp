@@ -16,9 +16,11 @@ std::string family_lines(const std::vector<FamilyFit>& fits, const std::string& 
   std::string text;
   for (size_t n = 0; n < fits.size(); ++n) {
     const FamilyFit& f = fits[n];
-    text += fmt::format("{}{}: ratio {:.3g} (yardstick rel_l2 {:.3g}){}\n", indent, f.family, f.ratio,
-                        f.yardstick,
-                        !f.consistent ? " (not consistent)" : n == 0 ? " <- tightest" : "");
+    text += fmt::format("{}{}: ratio {:.3g} (yardstick rel_l2 {:.3g}){}\n", indent, f.family,
+                        f.ratio, f.yardstick,
+                        !f.consistent ? " (not consistent)"
+                        : n == 0      ? " <- tightest"
+                                      : "");
   }
   return text;
 }
@@ -35,7 +37,8 @@ std::string verdict_line(const AuditResult& r) {
   std::string text = fmt::format("PASS as {}: {} ratio {:.3g}", shown->families[0].family,
                                  shown->j.tensor, shown->families[0].ratio);
   const FamilyFit& last = shown->families.back();
-  if (!last.consistent) text += fmt::format("; {}: ratio {:.3g} (not consistent)", last.family, last.ratio);
+  if (!last.consistent)
+    text += fmt::format("; {}: ratio {:.3g} (not consistent)", last.family, last.ratio);
   return text;
 }
 
@@ -168,8 +171,8 @@ std::string audit_junit(const AuditResult& r) {
     cases.push_back({"qkmla.audit", r.impl, a.j.tensor, a.j.v.pass, 0.0, a.j.v.first_metric, why});
   }
   if (!r.nothing_judged.empty())
-    cases.push_back({"qkmla.audit", r.impl, "outputs", false, 0.0, "nothing_judged",
-                     r.nothing_judged});
+    cases.push_back(
+        {"qkmla.audit", r.impl, "outputs", false, 0.0, "nothing_judged", r.nothing_judged});
   return junit_xml("qkmla.audit", cases);
 }
 

@@ -56,7 +56,8 @@ struct DesignRun {
   std::map<std::string, uint64_t> digest;
 };
 
-std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run, const Truth& truth) {
+std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run,
+                                                          const Truth& truth) {
   std::map<std::string, std::vector<DesignRun>> out;
   for (const Outputs& o : run.impls) {
     const ImplId id = parse_impl_id(o.impl);
@@ -106,9 +107,9 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
                       {}});
   for (const Outputs& o : run.impls) {
     const std::string design = to_string(design_of(parse_impl_id(o.impl), p));
-    const std::map<std::string, double> ys =
-        by_design.count(design) ? leave_one_out(by_design.at(design), o, run.k)
-                                : std::map<std::string, double>{};
+    const std::map<std::string, double> ys = by_design.count(design)
+                                                 ? leave_one_out(by_design.at(design), o, run.k)
+                                                 : std::map<std::string, double>{};
     for (const Judged& j : judge_outputs(rule, run.k, truth, o, kTensors, ys)) {
       Row row{o.impl,           to_string(p), j.tensor,  "",   j.m,
               j.baseline_ratio, std::nan(""), o.seconds, true, j.v};
@@ -121,8 +122,8 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
   return rows;
 }
 
-// quant.fp8 (conventions §3): the reference on the dequantized fp8 cache against the reference on the
-// bf16 cache it was quantized from (same seed, same other bits): the quantization error alone.
+// quant.fp8 (conventions §3): the reference on the dequantized fp8 cache against the reference on
+// the bf16 cache it was quantized from (same seed, same other bits): the quantization error alone.
 void add_quant_rows(Report& rep, const Case& fp8, const Truth& t8, const Truth& t16) {
   ImplId id;
   id.family = Family::Quant, id.profile = Profile::FP8;

@@ -1,6 +1,6 @@
 // `qkmla report`: every registered implementation in every requested profile, judged against the
-// truth on the same bits, with the reference's own accuracy measured at two precisions (conventions §4,
-// §5).
+// truth on the same bits, with the reference's own accuracy measured at two precisions (conventions
+// §4, §5).
 #pragma once
 #include <functional>
 #include <string>

@@ -8,7 +8,8 @@
 //   gpu_device_tests preflight  the device, the compiled architectures and one tiny run vs the
 //     model (exit 0 only when a kernel ran and matched)
 // Without a device (any machine, test gpu.emulated.bits):
-//   gpu_device_tests bits-emulated [forward|reverse|shuffled|interleaved]   the same matrix with the real
+//   gpu_device_tests bits-emulated [forward|reverse|shuffled|interleaved]   the same matrix with
+//   the real
 //     shapes shortened, the kernels run by the CPU emulator (gpu/emulator.hpp) in that thread order
 #include <chrono>
 #include <cmath>
@@ -68,21 +69,23 @@ int bits(Mode mode, const gpu::emu::LaunchOptions& emu = {}) {
     std::vector<int> seqlens;
   };
   const std::vector<Shape> shapes =
-      mode == Mode::Sanitize    ? std::vector<Shape>{{"tiny", {65, 0, 5}}}
-      : mode == Mode::Preflight ? std::vector<Shape>{{"tiny", {1, 0}}}
-                                : std::vector<Shape>{
-      {"tiny", {0}},  // T_max = 0: no append launch at all
-      {"tiny", {1, 0}},
-      {"tiny", {63, 64}},
-      {"tiny", {65, 0, 5}},
-      {"tiny", {3 * 64 + 5}},
-      {"paper-decode", emulated ? std::vector<int>{200, 0, 130} : std::vector<int>{4096, 0, 130}},
-      {"paper-g8", {emulated ? 150 : 1000}}};
+      mode == Mode::Sanitize ? std::vector<Shape>{{"tiny", {65, 0, 5}}}
+      : mode == Mode::Preflight
+          ? std::vector<Shape>{{"tiny", {1, 0}}}
+          : std::vector<Shape>{{"tiny", {0}},  // T_max = 0: no append launch at all
+                               {"tiny", {1, 0}},
+                               {"tiny", {63, 64}},
+                               {"tiny", {65, 0, 5}},
+                               {"tiny", {3 * 64 + 5}},
+                               {"paper-decode", emulated ? std::vector<int>{200, 0, 130}
+                                                         : std::vector<int>{4096, 0, 130}},
+                               {"paper-g8", {emulated ? 150 : 1000}}};
   const bool tiny_set = mode == Mode::Sanitize || mode == Mode::Preflight;
   const std::vector<Profile> profiles =
       mode == Mode::Preflight ? std::vector<Profile>{Profile::BF16}
-      : small || tiny_set     ? std::vector<Profile>{Profile::BF16, Profile::FP8}
-            : std::vector<Profile>{Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
+      : small || tiny_set
+          ? std::vector<Profile>{Profile::BF16, Profile::FP8}
+          : std::vector<Profile>{Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8};
   for (Profile p : profiles)
     for (const Shape& sh : shapes)
       for (int sq : {1, 2, 4})
@@ -174,7 +177,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]).rfind("bits-emulated", 0) == 0) {
     gpu::emu::LaunchOptions e;
     const std::string order = argc > 2 ? argv[2] : "forward";
-    e.order = order == "reverse"                               ? gpu::emu::Order::Reverse
+    e.order = order == "reverse"                              ? gpu::emu::Order::Reverse
               : order == "shuffled" || order == "interleaved" ? gpu::emu::Order::Shuffled
                                                               : gpu::emu::Order::Forward;
     if (order == "interleaved") e.interleave = 3;  // three blocks in flight, taking turns
@@ -208,7 +211,8 @@ int main(int argc, char** argv) {
     std::cout << "FAIL: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: gpu_device_tests bits|bits-small|sanitize|preflight|bench|stall|bits-emulated "
-               "[forward|reverse|shuffled]\n";
+  std::cerr
+      << "usage: gpu_device_tests bits|bits-small|sanitize|preflight|bench|stall|bits-emulated "
+         "[forward|reverse|shuffled]\n";
   return 2;
 }
