@@ -183,7 +183,7 @@ def run(case, bug=None):
         if cs.causal:
             pos = T - S + np.arange(S)
             lim = pos + (1 if bug == "causal_off_by_one" else 0)
-            mask = np.arange(T)[None, :] <= lim[:, None]              # [S,T]
+            mask = np.arange(c.shape[0])[None, :] <= lim[:, None]     # [S,T]
             logit = np.where(mask[:, None, :], logit, -np.inf)
         m = logit.max(-1, keepdims=True)
         e = np.exp(logit - m)
