@@ -70,12 +70,12 @@ def _load_pages(cs, pool, b, bug):
         sc = pool["scale"][idx].reshape(-1)
         if bug == "scale_first_token":
             sc = np.full_like(sc, pool["scale"][idx[0], 0]) if len(idx) else sc
-        kv = pool["codes"][idx].reshape(-1, pool["codes"].shape[-1]) * sc[:, None]
+        kv = pool["codes"][idx].reshape(len(idx) * PAGE, pool["codes"].shape[-1]) * sc[:, None]
         kv = kv.astype(BF16).astype(np.float32)                 # dequant -> bf16 operands
     else:
-        kv = pool["ckv"][idx].reshape(-1, pool["ckv"].shape[-1])
-    kpe = pool["kpe"][idx].reshape(-1, pool["kpe"].shape[-1])
-    ak = pool["alpha_k"][idx].reshape(-1, cs.G)
+        kv = pool["ckv"][idx].reshape(len(idx) * PAGE, pool["ckv"].shape[-1])
+    kpe = pool["kpe"][idx].reshape(len(idx) * PAGE, pool["kpe"].shape[-1])
+    ak = pool["alpha_k"][idx].reshape(len(idx) * PAGE, cs.G)
     z = A(0)
     kv = np.where(slot_ok[:, None], kv, z)[:L]
     kpe = np.where(slot_ok[:, None], kpe, z)[:L]

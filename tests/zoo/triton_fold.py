@@ -186,7 +186,7 @@ def bug_applies(cfg, bug):
     if bug == "one_sequence":
         return bool(cfg.get("causal", True)) and int(cfg["s_q"]) > 1 and cfg["seqlens"][-1] > 0
     if bug == "gram_no_dc":
-        return norm != "none" and not kernel
+        return norm == "blockwise" and not kernel
     if bug == "alpha_q_twice":
         return norm != "none"
     return True
