@@ -121,7 +121,7 @@ def stats(x, y, name):
     if bad:
         return res | {s: float("inf") for s in STATS}
     m = fy
-    d = np.where(m, x - y, 0.0)
+    d = np.where(m, np.where(m, x, 0.0) - np.where(m, y, 0.0), 0.0)
     yy = np.where(m, y, 0.0)
     ny = np.linalg.norm(yy)
     res["rel_l2"] = float(np.linalg.norm(d) / ny) if ny > 0 else float(np.linalg.norm(d) > 0) * float("inf")
