@@ -9,13 +9,17 @@ Facts checked against the real loader (safetensors 0.8, numpy 2.4, ml_dtypes 0.7
   is imported first; with it, BF16 tensors come back as ml_dtypes.bfloat16 arrays and F8_E4M3
   as ml_dtypes.float8_e4m3fn.
 - ml_dtypes rounds float64 -> bfloat16 directly (RNE), not via float32.
+- `load_file` fails on F8_E4M3 ("module 'numpy' has no attribute 'float8_e4m3fn'"), so cases are
+  read by the small header parser below (8-byte LE length, JSON header, raw LE data), which
+  maps F8_E4M3 to ml_dtypes.float8_e4m3fn; for the other dtypes it agrees with load_file.
 """
 import json
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 with numpy before safetensors loads)
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
+import struct
+
+from safetensors.numpy import save_file
 
 BF16 = ml_dtypes.bfloat16
 F8E4M3 = ml_dtypes.float8_e4m3fn
@@ -27,14 +31,33 @@ ACCUM = {"fp64": np.float64, "fp32": np.float32, "bf16": np.float32, "fp16": np.
          "fp8": np.float32}
 
 
+_DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": BF16,
+       "F8_E4M3": F8E4M3, "I32": np.int32, "I64": np.int64, "U8": np.uint8, "I8": np.int8}
+
+
+def read_safetensors(path):
+    """(tensors, metadata) of a safetensors file, every dtype of SPEC §9 included."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    hdr = json.loads(blob[8:8 + n])
+    meta = hdr.pop("__metadata__", {}) or {}
+    base = 8 + n
+    out = {}
+    for name, d in hdr.items():
+        dt = np.dtype(_DT[d["dtype"]]).newbyteorder("<")
+        a, b = d["data_offsets"]
+        arr = np.frombuffer(blob[base + a:base + b], dtype=dt).reshape(d["shape"])
+        out[name] = arr.astype(dt.newbyteorder("="), copy=True)
+    return out, meta
+
+
 class Case:
     """A golden case: config + tensors exactly as stored in the file."""
 
     def __init__(self, path):
         self.path = str(path)
-        self.t = load_file(self.path)
-        with safe_open(self.path, "np") as fh:
-            md = fh.metadata() or {}
+        self.t, md = read_safetensors(self.path)
         self.cfg = json.loads(md["qkmla.config"])
         c = self.cfg
         self.B, self.S = int(c["batch"]), int(c["s_q"])
@@ -81,5 +104,6 @@ def to_dtype(x, dtype):
 
 
 def save_outputs(outs, path, meta=None):
+    """Write outputs in the dtype each one is delivered in (bf16 via ml_dtypes)."""
     arrs = {k: np.ascontiguousarray(v) for k, v in outs.items()}
     save_file(arrs, str(path), metadata=meta)
