@@ -110,12 +110,10 @@ def absorb(cs, bug=None):
             else:
                 alpha_k = inv_rms(ssq_k / (dc + dr))
         q_latent = np.einsum("bshd,rhd->bshr", q_in, wk_heads)
-    res = {
-        "q_latent": q_latent.astype(D),
-        "alpha_q": alpha_q.astype(A),
-        "kv_c": cs.raw("kv_c"),
-        "alpha_k": alpha_k.astype(A),
-    }
+    res = {"q_latent": q_latent.astype(D), "kv_c": cs.raw("kv_c")}
+    if cs.norm != "none":                      # plain MLA kernels get no alpha tensors
+        res["alpha_q"] = alpha_q.astype(A)
+        res["alpha_k"] = alpha_k.astype(A)
     if cs.is_fp8():
         res["kv_c_scale"] = cs.raw("kv_c_scale")
     if dr:

@@ -17,6 +17,7 @@ import numpy as np
 from common import BF16, load
 
 LEVELS = ("module",)
+AUDIT_ARGS = ("--form", "explicit")   # what its author would declare to the audit
 
 
 def _rope(x, cos, sin, style):

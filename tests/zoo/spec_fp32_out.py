@@ -170,6 +170,8 @@ def run(case, bug=None):
             keep = T - 1
             d = dict(d, c=c[:keep], ak=d["ak"][:keep], kr=None if d["kr"] is None else d["kr"][:keep])
             c = d["c"]
+            if keep == 0:
+                continue                                              # no key left: out 0, lse -inf
         sc = np.einsum("shr,tr->sht", d["q_lat"], c)                  # [S,H,T]
         al = d["aq"][:, :, None] * d["ak"][:, gmap].T[None, :, :]     # [S,H,T]
         if bug == "no_alpha_q":
