@@ -80,7 +80,7 @@ def case_spec(seed, presets_text, has_level):
     scen = ["normal", "outliers", "tiny_keys", "large_logits"][(seed // 2 + seed // 12) % 4]
     sq = [1, 2, 4][int(rng.integers(3))]
     if preset == "paper-g8":
-        batch, tmax = 2, 16
+        batch, tmax = 2, 8
     else:
         batch, tmax = int(rng.integers(2, 4)), 160
     sl = [0, sq] + [int(rng.integers(sq, tmax + 1)) for _ in range(batch)]
