@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""Run the zoo of independent MLA implementations through `qkmla audit`.
+
+    run_zoo.py QKMLA_BINARY WORK_DIR --seeds A-B [--jobs 1] [--markdown FILE] [--json FILE]
+
+For each seed a deterministic case spec is drawn (preset tiny / tiny-nope / tiny-g1 (when
+listed by `qkmla presets`) / paper-g8 with short seqlens <= 64; norm blockwise/unified/none; scenario
+normal/outliers/tiny_keys/large_logits; profile fp32/bf16/fp16/fp8; S_q in {1,2,4}; seqlens
+including 0 and S_q; rope order/style; causal mostly; some kernel-level cases when `golden
+--level kernel` exists). `qkmla golden` writes the case; every applicable style runs correctly
+and with each of its applicable bugs; each output file is judged by
+`qkmla audit CASE OUTS --format json --label STYLE[.BUG]` (exit 0 PASS, 1 FAIL, 2 bad input),
+plus the style's declared form where it has one (sdpa_explicit: `--form explicit`).
+
+Independently of the audit, each run is measured against the golden ref.out / ref.lse /
+ref.latent_out: rel_l2, worst unit (max over heads, sequences, rows of the per-unit rel_l2) and
+systematic error (|<x-y,y>|/<y,y> globally, and RMS over rows of the per-row value). A bug
+instance is
+  should-catch   if one of its statistics is > 10x the largest of the same statistic over all
+                 correct styles on that case (or it has a non-finite position the ref lacks),
+  2-10x band     if the largest such ratio is in (2, 10],
+  rounding-level otherwise.
+Output: kill / false-alarm matrix by style and bug class, the commit of /work/main, the binary
+and the seed range. Exit 1 on any false alarm (a correct style FAILs or is refused with exit 2)
+or any should-catch bug that PASSes.
+
+Seeds 50000 and above were used to develop ("fit") the zoo's conventions and bugs; the range
+50000-50999 is the fitted range. Validation of the judge should use seeds outside it.
+"""
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import load, save_outputs  # noqa: E402
+
+STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "sdpa_explicit",
+          "kernel_plain", "triton_fold"]
+FITTED = "50000-50999"
+OUTPUTS = ("out", "lse", "latent_out")
+STATS = ("rel_l2", "worst_unit", "sys_global", "sys_rows")
+
+
+# ----------------------------------------------------------------------------- case specs
+def list_presets(binary):
+    try:
+        p = subprocess.run([binary, "presets"], capture_output=True, text=True, timeout=60)
+        return p.stdout + p.stderr
+    except Exception:
+        return ""
+
+
+def golden_supports_level(binary):
+    try:
+        p = subprocess.run([binary, "golden", "--help"], capture_output=True, text=True, timeout=60)
+        return "--level" in (p.stdout + p.stderr)
+    except Exception:
+        return False
+
+
+def case_spec(seed, presets_text, has_level):
+    """Deterministic case for a seed. Cycles are coprime so short seed ranges cover the grid:
+    preset seed % 8 (paper-g8 once in 8: its audits cost seconds, the tiny ones ~10 ms),
+    norm seed % 3, profile (seed // 3) % 4, scenario (seed // 2 + seed // 12) % 4,
+    kernel level when seed % 5 == 4."""
+    rng = np.random.default_rng(seed)
+    tiny = ["tiny"] + [p for p in ("tiny-nope", "tiny-g1") if p in presets_text]
+    presets = (tiny * 3)[:7] + ["paper-g8"]
+    preset = presets[seed % 8]
+    norm = ["blockwise", "unified", "none"][seed % 3]
+    prof = ["fp32", "bf16", "fp16", "fp8"][(seed // 3) % 4]
+    scen = ["normal", "outliers", "tiny_keys", "large_logits"][(seed // 2 + seed // 12) % 4]
+    sq = [1, 2, 4][int(rng.integers(3))]
+    if preset == "paper-g8":                         # audits at r = 512 cost seconds each
+        sq, batch, tmax = 1, 2, 8
+    else:
+        batch, tmax = int(rng.integers(2, 4)), 160
+    sl = [0, sq] + [int(rng.integers(sq, tmax + 1)) for _ in range(batch)]
+    rng.shuffle(sl)
+    sl = sl[:batch + 1] if preset != "paper-g8" else sl[:batch]
+    if 0 not in sl and seed % 3 == 0:
+        sl[0] = 0
+    if sl[-1] == 0 and rng.random() < 0.7:           # keep the last sequence (one_sequence bugs) mostly live
+        sl[-1], sl[0] = sl[0], sl[-1]
+    spec = dict(preset=preset, norm=norm, scenario=scen, profile=prof, sq=sq, seqlens=sl,
+                rope_order=["norm_then_rope", "rope_then_norm"][int(rng.integers(2))],
+                rope_style=["interleaved", "half"][int(rng.integers(2))],
+                causal=bool(rng.random() < 0.8), seed=seed, level="module")
+    if has_level and seed % 5 == 4:
+        spec["level"] = "kernel"
+    return spec
+
+
+def golden_cmd(binary, spec, path):
+    cmd = [binary, "golden", "--preset", spec["preset"], "--norm", spec["norm"],
+           "--scenario", spec["scenario"], "--profile", spec["profile"], "--sq", str(spec["sq"]),
+           "--batch", str(len(spec["seqlens"])),
+           "--seqlens", ",".join(str(x) for x in spec["seqlens"]),
+           "--rope-order", spec["rope_order"], "--rope-style", spec["rope_style"],
+           "--causal" if spec["causal"] else "--no-causal", "--seed", str(spec["seed"]),
+           "-o", path]
+    if spec["level"] != "module":
+        cmd += ["--level", spec["level"]]
+    return cmd
+
+
+# ----------------------------------------------------------------------------- statistics
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def stats(x, y, name):
+    """Statistics of x against the reference y (same shape). Non-finite: positions must match."""
+    x, y = _f64(x), _f64(y)
+    if x.shape != y.shape:
+        return {s: float("inf") for s in STATS} | {"nonfinite": -1}
+    fx, fy = np.isfinite(x), np.isfinite(y)
+    bad = int(np.sum(fx != fy) + np.sum((~fx) & (~fy) & (x != y) & ~(np.isnan(x) & np.isnan(y))))
+    res = {"nonfinite": bad}
+    if bad:
+        return res | {s: float("inf") for s in STATS}
+    m = fy
+    d = np.where(m, np.where(m, x, 0.0) - np.where(m, y, 0.0), 0.0)
+    yy = np.where(m, y, 0.0)
+    ny = np.linalg.norm(yy)
+    res["rel_l2"] = float(np.linalg.norm(d) / ny) if ny > 0 else float(np.linalg.norm(d) > 0) * float("inf")
+    res["sys_global"] = float(abs(np.sum(d * yy)) / (ny * ny)) if ny > 0 else 0.0
+    # units: heads (axis 2), sequences (axis 0), rows: (b,i,h) vectors for out/latent_out,
+    # (b,i) vectors over heads for lse
+    def unit_rel(dd, yv, axes):
+        num = np.sqrt(np.sum(dd * dd, axis=axes))
+        den = np.sqrt(np.sum(yv * yv, axis=axes))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(num > 0, np.inf, 0.0))
+        return r
+    if name == "lse":
+        head = unit_rel(d, yy, (0, 1))
+        seq = unit_rel(d, yy, (1, 2))
+        row_axes = (2,)
+    else:
+        head = unit_rel(d, yy, (0, 1, 3))
+        seq = unit_rel(d, yy, (1, 2, 3))
+        row_axes = (3,)
+    row = unit_rel(d, yy, row_axes)
+    res["worst_unit"] = float(max(head.max(initial=0), seq.max(initial=0), row.max(initial=0)))
+    ryy = np.sum(yy * yy, axis=row_axes)
+    rdy = np.sum(d * yy, axis=row_axes)
+    ok = ryy > 0
+    res["sys_rows"] = float(np.sqrt(np.mean((rdy[ok] / ryy[ok]) ** 2))) if ok.any() else 0.0
+    return res
+
+
+# ----------------------------------------------------------------------------- one seed
+def audit(binary, case, outs, label, extra=()):
+    t0 = time.time()
+    p = subprocess.run([binary, "audit", case, outs, "--format", "json", "--label", label, *extra],
+                       capture_output=True, text=True, timeout=600)
+    verdict = None
+    try:
+        j = json.loads(p.stdout)
+        verdict = j.get("verdict") if isinstance(j, dict) else None
+    except Exception:
+        pass
+    return {"rc": p.returncode, "verdict": verdict, "audit_s": round(time.time() - t0, 3),
+            "stderr": p.stderr.strip()[-400:] if p.returncode == 2 else ""}
+
+
+def run_seed(args_tuple):
+    binary, work, seed, presets_text, has_level = args_tuple
+    t_seed = time.time()
+    spec = case_spec(seed, presets_text, has_level)
+    d = os.path.join(work, f"seed{seed}")
+    os.makedirs(d, exist_ok=True)
+    case_path = os.path.join(d, "case.safetensors")
+    g = subprocess.run(golden_cmd(binary, spec, case_path), capture_output=True, text=True, timeout=600)
+    if g.returncode != 0:
+        return {"seed": seed, "spec": spec, "error": "golden failed: " + (g.stderr or g.stdout)[-600:],
+                "runs": [], "seconds": time.time() - t_seed}
+    cs = load(case_path)
+    cfg = cs.cfg
+    refs = {k: cs.ref(k) for k in OUTPUTS if cs.ref(k) is not None}
+    runs = []
+    for style in STYLES:
+        mod = importlib.import_module(style)
+        if cs.level not in mod.LEVELS:
+            continue
+        for bug in [None] + [b for b in mod.BUGS if mod.bug_applies(cfg, b)]:
+            label = style if bug is None else f"{style}.{bug}"
+            rec = {"style": style, "bug": bug, "label": label}
+            try:
+                with np.errstate(all="ignore"):
+                    outs = mod.run(cs, bug)
+            except Exception as e:  # a zoo bug, not a verdict
+                rec["error"] = f"{type(e).__name__}: {e}"
+                runs.append(rec)
+                continue
+            outs = {k: v for k, v in outs.items() if k in refs}
+            rec["delivered"] = {k: str(v.dtype) for k, v in outs.items()}
+            rec["stats"] = {k: stats(v, refs[k], k) for k, v in outs.items()}
+            op = os.path.join(d, f"{label}.safetensors")
+            save_outputs(outs, op)
+            rec.update(audit(binary, case_path, op, label, getattr(mod, "AUDIT_ARGS", ())))
+            runs.append(rec)
+    classify(runs)
+    return {"seed": seed, "spec": spec, "runs": runs, "seconds": round(time.time() - t_seed, 2)}
+
+
+def classify(runs):
+    corr = [r for r in runs if r["bug"] is None and "stats" in r]
+    best = {}
+    for r in corr:
+        for t, st in r["stats"].items():
+            for s in STATS:
+                v = st.get(s, 0.0)
+                best[(t, s)] = max(best.get((t, s), 0.0), v)
+    for r in runs:
+        if r["bug"] is None or "stats" not in r:
+            continue
+        ratio, arg, nonfinite = 0.0, None, False
+        for t, st in r["stats"].items():
+            if st.get("nonfinite", 0):
+                nonfinite = True
+            for s in STATS:
+                if (t, s) not in best:
+                    continue
+                v, b = st.get(s, 0.0), best[(t, s)]
+                q = float("inf") if (b <= 0 and v > 0) else (v / b if b > 0 else 0.0)
+                if q > ratio:
+                    ratio, arg = q, f"{t}.{s}"
+        r["ratio"], r["ratio_stat"] = ratio, arg
+        r["class"] = ("should-catch" if (nonfinite or ratio > 10) else
+                      "band" if ratio > 2 else "rounding")
+
+
+# ----------------------------------------------------------------------------- report
+def summarize(results, binary, seeds, main_commit, total_s):
+    fa, missed, errors = [], [], []
+    by = {}
+    for res in results:
+        if res.get("error"):
+            errors.append(f"seed {res['seed']}: {res['error']}")
+        for r in res["runs"]:
+            key = r["style"]
+            e = by.setdefault(key, {"correct_runs": 0, "false_alarms": 0, "bugs": {}})
+            if "error" in r:
+                errors.append(f"seed {res['seed']} {r['label']}: {r['error']}")
+                continue
+            if r["bug"] is None:
+                e["correct_runs"] += 1
+                if r["rc"] != 0:
+                    e["false_alarms"] += 1
+                    fa.append(f"seed {res['seed']} {r['label']} rc={r['rc']} {r.get('stderr', '')}")
+                continue
+            b = e["bugs"].setdefault(r["bug"], {"should-catch": [0, 0], "band": [0, 0], "rounding": [0, 0],
+                                                "refused": 0})
+            c = b[r["class"]]
+            c[1] += 1
+            if r["rc"] == 1:
+                c[0] += 1
+            elif r["rc"] == 2:
+                b["refused"] += 1
+            if r["class"] == "should-catch" and r["rc"] == 0:
+                missed.append(f"seed {res['seed']} {r['label']} ratio={r['ratio']:.3g} ({r['ratio_stat']})")
+    lines = [f"# qkmla zoo run", "",
+             f"- qkmla binary: `{binary}`",
+             f"- /work/main commit: `{main_commit}`",
+             f"- seeds: {seeds[0]}-{seeds[-1]} ({len(seeds)} seeds; fitted range {FITTED})",
+             f"- wall time: {total_s:.1f} s ({total_s / max(len(seeds), 1):.1f} s per seed)", "",
+             "## False alarms (correct styles that FAIL or are refused)", "",
+             "| style | correct runs | false alarms |", "|---|---|---|"]
+    for s in STYLES:
+        if s in by:
+            lines.append(f"| {s} | {by[s]['correct_runs']} | {by[s]['false_alarms']} |")
+    lines += ["", "## Kills by style and bug (killed/instances)", "",
+              "| style | bug | should-catch killed | 2-10x band killed | rounding-level failed | exit 2 |",
+              "|---|---|---|---|---|---|"]
+    tot = {"should-catch": [0, 0], "band": [0, 0], "rounding": [0, 0]}
+    for s in STYLES:
+        for bug, b in sorted(by.get(s, {}).get("bugs", {}).items()):
+            for k in tot:
+                tot[k][0] += b[k][0]
+                tot[k][1] += b[k][1]
+            lines.append(f"| {s} | {bug} | {b['should-catch'][0]}/{b['should-catch'][1]} | "
+                         f"{b['band'][0]}/{b['band'][1]} | {b['rounding'][0]}/{b['rounding'][1]} | {b['refused']} |")
+    rate = lambda k: (f"{tot[k][0]}/{tot[k][1]} = {100 * tot[k][0] / tot[k][1]:.1f} %"  # noqa: E731
+                      if tot[k][1] else "n/a")
+    lines += ["", f"- kill rate, should-catch: {rate('should-catch')}",
+              f"- kill rate, 2-10x band: {rate('band')}",
+              f"- rounding-level instances that FAIL: {rate('rounding')}", ""]
+    if fa:
+        lines += ["## False alarm list", ""] + [f"- {x}" for x in fa[:200]] + [""]
+    if missed:
+        lines += ["## Should-catch bugs that PASSED", ""] + [f"- {x}" for x in missed[:200]] + [""]
+    if errors:
+        lines += ["## Errors", ""] + [f"- {x}" for x in errors[:100]] + [""]
+    return "\n".join(lines), bool(fa or missed)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binary")
+    ap.add_argument("work_dir")
+    ap.add_argument("--seeds", required=True, help="A-B (inclusive) or a single seed")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    lo, _, hi = a.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
+    binary = os.path.abspath(a.binary)
+    os.makedirs(a.work_dir, exist_ok=True)
+    try:
+        main_commit = subprocess.run(["git", "-C", "/work/main", "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True).stdout.strip()
+    except Exception:
+        main_commit = "?"
+    presets_text = list_presets(binary)
+    has_level = golden_supports_level(binary)
+    t0 = time.time()
+    jobs = [(binary, os.path.abspath(a.work_dir), s, presets_text, has_level) for s in seeds]
+    results = []
+
+    def progress(res):
+        runs = res["runs"]
+        n_fa = sum(1 for r in runs if r["bug"] is None and r.get("rc", 0) != 0)
+        n_miss = sum(1 for r in runs if r.get("class") == "should-catch" and r.get("rc") == 0)
+        sp = res["spec"]
+        print(f"seed {res['seed']}: {sp['preset']} {sp['level']} {sp['norm']} {sp['scenario']} "
+              f"{sp['profile']} sq={sp['sq']} seqlens={sp['seqlens']} -> {len(runs)} runs, "
+              f"false alarms {n_fa}, missed {n_miss}, {res['seconds']:.1f} s"
+              + (f"  ERROR {res['error'][:200]}" if res.get("error") else ""), file=sys.stderr, flush=True)
+
+    if a.jobs > 1:
+        with ProcessPoolExecutor(a.jobs) as ex:
+            for res in ex.map(run_seed, jobs):
+                progress(res)
+                results.append(res)
+    else:
+        for j in jobs:
+            res = run_seed(j)
+            progress(res)
+            results.append(res)
+    total = time.time() - t0
+    md, bad = summarize(results, binary, seeds, main_commit, total)
+    print(md)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md + "\n")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"binary": binary, "main_commit": main_commit, "seeds": [seeds[0], seeds[-1]],
+                       "fitted": FITTED, "seconds": total, "results": results}, f, indent=1, default=str)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
