@@ -78,7 +78,9 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   for (const Candidate& x : all) {
     mixes += x.family == "conventions §3 points mixed" ||
              x.family == "conventions §3 rounding points" || x.family == "all-fp32 compute";
-    CHECK((x.d.out == DType::BF16 && x.d.alpha_k == DType::F32));
+    CHECK(x.d.out == DType::BF16);
+    // alpha_k in bf16 only where delivered so, or in a module that stores every op's output
+    CHECK((x.d.alpha_k == DType::F32 || x.family == "PyTorch module (every op stored)"));
   }
   CHECK(mixes == 16);
   // Many rows: the two extremes of the mixes, and the real-code families.

@@ -7,6 +7,7 @@
 #include "harness/audit.hpp"
 #include "io/case_io.hpp"
 #include "io/outputs_io.hpp"
+#include "io/safetensors.hpp"
 #include "render/audit_view.hpp"
 
 namespace qkmla::cli {

@@ -100,9 +100,10 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.*option = v == "yes" || v == "approx";
       continue;
     }
-    if (k == "score" || k == "cache") {  // F64: not rounded
+    if (k == "score" || k == "cache" || k == "alpha_q") {  // F64: not rounded
       const DType x = parse_dtype_word(k, v, p);
-      (k == "score" ? d.score : d.cache) = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
+      DType& point = k == "score" ? d.score : k == "cache" ? d.cache : d.alpha_q;
+      point = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
       continue;
     }
     DType Design::*const point = k == "q_latent" || k == "q" ? &Design::q
@@ -132,6 +133,7 @@ std::string to_string(const Design& d) {
   if (d.form != Form::Explicit) s += ",latent_out=" + format_word(d.latent_out);
   s += ",out=" + format_word(d.out);
   if (d.score != DType::F64) s += ",score=" + format_word(d.score);
+  if (d.alpha_q != DType::F64) s += ",alpha_q=" + format_word(d.alpha_q);
   if (d.cache != DType::F64) s += ",cache=" + format_word(d.cache);
   if (d.scale_in_q) s += ",scale_in_q=yes";
   if (d.exp2) s += ",exp2=yes";

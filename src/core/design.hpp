@@ -31,7 +31,8 @@ struct Design {
   bool gains_merged = false;
   // What real code does beyond conventions §3's points (proofs/budgets.md names who does each). F64
   // at a point: not rounded (every accumulate type is within F64).
-  DType score = DType::F64;  // the logit and its two dot products stored (a PyTorch module: bf16)
+  DType score = DType::F64;    // the logit and its two dot products stored (a PyTorch module: bf16)
+  DType alpha_q = DType::F64;  // the query statistic stored before use (a PyTorch module: bf16)
   DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
   bool scale_in_q =
       false;          // sigma multiplied into q_latent and the query rope part before rounding
@@ -40,8 +41,9 @@ struct Design {
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
-           gains_merged == o.gains_merged && score == o.score && cache == o.cache &&
-           scale_in_q == o.scale_in_q && exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt;
+           gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
+           cache == o.cache && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
+           approx_rsqrt == o.approx_rsqrt;
   }
 };
 

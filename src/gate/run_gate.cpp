@@ -151,14 +151,16 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
     if (std::find(wanted.begin(), wanted.end(), parse_impl_id(o.impl)) == wanted.end()) continue;
     const auto b = bounds.find(o.impl);
     const std::string design = to_string(design_of(parse_impl_id(o.impl), k.cfg.profile));
-    // A run is never part of its own yardstick: samples with its bits are left out (the forward
-    // order of cpu.absorbed.<D> is that very run).
+    // A run is never part of its own yardstick: a cpu.* row is the forward-order sample of its
+    // design and variant, left out (alpha_k_bf16 is the default variant of its own design).
+    const ImplId id = parse_impl_id(o.impl);
+    const SampleId self{0, id.variant == Variant::AlphaKBf16 ? Variant::Default : id.variant};
+    const bool is_sample = id.family == Family::Cpu;
     std::map<std::string, double> baseline;
-    for (const std::string& t : c.tensors)
-      if (o.tensors.count(t)) {
-        const double y = yardsticks.at(design).rms(0, t, digest(o.tensors.at(t), valid_mask(k, t)));
-        if (!std::isnan(y)) baseline[t] = y;
-      }
+    for (const std::string& t : c.tensors) {
+      const double y = yardsticks.at(design).rms(0, t, is_sample ? &self : nullptr);
+      if (!std::isnan(y)) baseline[t] = y;
+    }
     const std::vector<Judged> judged = judge_outputs(c.rule, k, truth, o, c.tensors, baseline,
                                                      b == bounds.end() ? nullptr : &b->second);
     if (parse_impl_id(o.impl).family ==

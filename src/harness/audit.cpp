@@ -77,10 +77,10 @@ double allowance(const GateRule& rule, int64_t samples) {
 // Each family's member that explains the tensor best, tightest (smallest yardstick) consistent
 // family first, then the inconsistent ones by ratio.
 std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, double rel_l2,
-                                   double floor, double k, uint64_t self) {
+                                   double floor, double k) {
   std::map<std::string, FamilyFit> best;
   for (size_t n = 0; n < ys.designs.size(); ++n) {
-    const double y = ys.rms(n, t, self);
+    const double y = ys.rms(n, t);
     if (std::isnan(y)) continue;
     const Design& d = ys.designs[n].d;  // the delivered tensor's own point names the member
     const std::string at = t == "out"          ? " (out " + format_word(d.out) + ")"
@@ -103,12 +103,12 @@ std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, do
 // The structure statistics of x against those of every candidate's correct implementations.
 std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::string& t,
                                              const Tensor& x, const Tensor& y,
-                                             const std::vector<bool>& mask, double floor, double k,
-                                             uint64_t self) {
+                                             const std::vector<bool>& mask, double floor,
+                                             double k) {
   std::vector<StructureCheck> out;
   const std::vector<double> v = structure_values(structure_of(x, y, mask));
   for (size_t i = 0; i < v.size(); ++i) {
-    const double top = ys.structure_max(t, i, self);
+    const double top = ys.structure_max(t, i);
     if (std::isnan(v[i]) || std::isnan(top)) continue;
     StructureCheck c{structure_names()[i], v[i], top, v[i] / std::max(top, floor), true};
     c.pass = c.ratio <= k;
@@ -176,7 +176,6 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   const Yardstick ys = measure_yardstick(cf.k, designs, ref, names);
   for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
-    const uint64_t self = digest(x, masks[name]);  // never part of its own yardstick
     JudgeInput in;
     in.subject = {res.impl, c.preset, c.scenario, to_string(c.profile), name};
     in.x = &x;
@@ -185,7 +184,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     const bool vector = name == "out" || name == "latent_out" || name == "q_latent";
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
     size_t which = 0;
-    in.baseline_rel_l2 = ys.least_accurate(name, self, &which);
+    in.baseline_rel_l2 = ys.least_accurate(name, &which);
     in.floor = baseline_floor(x.dtype);  // of the delivered type (conventions §5)
     TensorAudit a{judge_tensor(o.rule, in),
                   x.dtype,
@@ -199,8 +198,8 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                   top_errors(x, *in.y, 5)};
     const double k = allowance(o.rule, a.j.samples);
     if (a.judged && is_primary(c, name)) {
-      a.families = family_fits(ys, name, a.j.m.rel_l2, in.floor, k, self);
-      a.structure = structure_checks(ys, name, x, *in.y, in.mask, in.floor, k, self);
+      a.families = family_fits(ys, name, a.j.m.rel_l2, in.floor, k);
+      a.structure = structure_checks(ys, name, x, *in.y, in.mask, in.floor, k);
       for (const StructureCheck& s : a.structure)
         if (!s.pass) {
           a.j.v.pass = false;
@@ -228,9 +227,9 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
         measure_yardstick(cf.k, candidate_designs(c, form, delivered), ref, names);
     for (const TensorAudit& a : res.tensors)
       if (!a.j.v.pass && is_primary(c, a.j.tensor))
-        res.undeclared[a.j.tensor] = family_fits(
-            all, a.j.tensor, a.j.m.rel_l2, baseline_floor(a.delivered),
-            allowance(o.rule, a.j.samples), digest(given.at(a.j.tensor), masks[a.j.tensor]));
+        res.undeclared[a.j.tensor] =
+            family_fits(all, a.j.tensor, a.j.m.rel_l2, baseline_floor(a.delivered),
+                        allowance(o.rule, a.j.samples));
   }
   if (!res.pass() && res.nothing_judged.empty() && o.diagnose) {
     std::map<std::string, double> allowed;  // the rel_l2 each tensor may have and pass

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/attention_math.hpp"
 #include "impl/cpu_impls.hpp"
@@ -76,11 +75,14 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
   flash.p = D, flash.exp2 = true;
   add("FlashMLA-style (P stored, exp2)", flash);
-  Design torch = base;  // a PyTorch module in the stored dtype: every einsum output stored
-  torch.score = D, torch.p = D;
-  if (torch.form != Form::Explicit) torch.latent_out = D;
-  if (c.profile == Profile::FP8) torch.cache = DType::BF16;
-  add("PyTorch module (every op stored)", torch);
+  if (base.form != Form::Kernel) {  // a module: kernel-level references compute in fp32
+    Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
+    torch.score = D, torch.p = D;
+    if (c.norm != NormMode::None) torch.alpha_q = D, torch.alpha_k = D;  // .type_as(x)
+    if (torch.form != Form::Explicit) torch.latent_out = D;
+    if (c.profile == Profile::FP8) torch.cache = DType::BF16;
+    add("PyTorch module (every op stored)", torch);
+  }
   Design folded = base;
   folded.scale_in_q = true;
   add("softmax scale folded into q", folded);
@@ -113,6 +115,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
   std::vector<Candidate> out;
   auto add = [&](const std::string& family, Design d) {
     if (!rounds_at(d.score, A)) d.score = DType::F64;
+    if (!rounds_at(d.alpha_q, A)) d.alpha_q = DType::F64;
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
@@ -149,20 +152,6 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     real_code_families(c, base, D, add);
   }
   return out;
-}
-
-uint64_t digest(const Tensor& x, const std::vector<bool>& mask) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    if (!mask.empty() && !mask[size_t(i)]) continue;
-    uint64_t bits = 0x7ff8000000000000ull;  // every NaN alike
-    if (!std::isnan(x[i])) std::memcpy(&bits, &x.data[size_t(i)], 8);
-    mix(uint64_t(i)), mix(bits);
-  }
-  return h == 0 ? 1 : h;  // 0 means "leave nothing out"
 }
 
 namespace {
@@ -223,27 +212,30 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
   for (const Candidate& c : designs) plain.push_back(c.d);
   std::map<std::string, std::vector<bool>> masks;
   for (const std::string& t : tensors) masks[t] = valid_mask(k, t);
-  for (const impl::SumOrder& order : yardstick_orders()) {
-    OrderScope scope(order);
+  for (size_t order = 0; order < yardstick_orders().size(); ++order) {
+    OrderScope scope(yardstick_orders()[order]);
     const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
     for (size_t n = 0; n < outs.size(); ++n)
-      for (const Outputs& o : outs[n]) {
+      for (size_t v = 0; v < outs[n].size(); ++v) {
+        const Outputs& o = outs[n][v];
         Yardstick::Sample s;
         s.design = n;
+        s.id = {order, k.cfg.level == Level::Module && plain[n].form == Form::Absorbed
+                           ? sample_variants(k.cfg, plain[n])[v]
+                           : Variant::Default};
         for (const std::string& t : tensors) {
           const Tensor* ref = truth(t);
           if (!ref || !o.tensors.count(t)) continue;
           const Tensor& x = o.tensors.at(t);
           s.rel_l2[t] = compare(x, *ref, x.dtype, masks[t]).rel_l2;
           s.structure[t] = structure_of(x, *ref, masks[t]);
-          s.digest[t] = digest(x, masks[t]);
         }
         y.samples.push_back(std::move(s));
       }
   }
   for (const std::string& t : tensors) {
     size_t n = 0;
-    const double e = y.least_accurate(t, 0, &n);
+    const double e = y.least_accurate(t, &n);
     if (!std::isnan(e)) y.rel_l2[t] = e, y.design_of[t] = to_string(designs[n].d);
   }
   return y;
@@ -256,22 +248,22 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, c
   return measure_yardstick(k, c, truth, tensors);
 }
 
-double Yardstick::rms(size_t n, const std::string& t, uint64_t self) const {
+double Yardstick::rms(size_t n, const std::string& t, const SampleId* self) const {
   double sq = 0;
   int count = 0;
   for (const Sample& s : samples) {
-    if (s.design != n || !s.rel_l2.count(t) || (self != 0 && s.digest.at(t) == self)) continue;
+    if (s.design != n || !s.rel_l2.count(t) || (self && s.id == *self)) continue;
     sq += s.rel_l2.at(t) * s.rel_l2.at(t);
     ++count;
   }
   return count ? std::sqrt(sq / count) : std::nan("");
 }
 
-double Yardstick::least_accurate(const std::string& t, uint64_t self, size_t* which) const {
+double Yardstick::least_accurate(const std::string& t, size_t* which) const {
   double worst = std::nan("");
   if (which) *which = std::string::npos;
   for (size_t n = 0; n < designs.size(); ++n) {
-    const double e = rms(n, t, self);
+    const double e = rms(n, t);
     if (!std::isnan(e) && !(e <= worst)) {
       worst = e;
       if (which) *which = n;
@@ -280,10 +272,10 @@ double Yardstick::least_accurate(const std::string& t, uint64_t self, size_t* wh
   return worst;
 }
 
-double Yardstick::structure_max(const std::string& t, size_t stat, uint64_t self) const {
+double Yardstick::structure_max(const std::string& t, size_t stat) const {
   double worst = std::nan("");
   for (const Sample& s : samples) {
-    if (!s.structure.count(t) || (self != 0 && s.digest.at(t) == self)) continue;
+    if (!s.structure.count(t)) continue;
     const double v = structure_values(s.structure.at(t))[stat];
     if (!std::isnan(v) && !(v <= worst)) worst = v;
   }

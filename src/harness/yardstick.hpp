@@ -12,6 +12,7 @@
 
 #include "core/case.hpp"
 #include "core/design.hpp"
+#include "core/variant.hpp"
 #include "harness/impl_id.hpp"
 #include "metrics/structure.hpp"
 
@@ -42,36 +43,42 @@ struct Candidate {
 // in bf16.
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 
-// A digest of a tensor's valid values (bit-exact), so that a judged run is never part of its own
-// yardstick: a sample with the judged run's digest is left out.
-uint64_t digest(const Tensor& x, const std::vector<bool>& mask);
+// Which run a sample is: its summation order (an index into the yardstick's orders; 0 is the
+// forward order every registered cpu.* implementation runs) and its exact-arithmetic variant.
+struct SampleId {
+  size_t order = 0;
+  Variant variant = Variant::Default;
+  bool operator==(const SampleId& o) const { return order == o.order && variant == o.variant; }
+};
 
 struct Yardstick {
   std::vector<Candidate> designs;
-  // One correct implementation's run: its design (index into designs) and, per tensor, rel_l2,
-  // structure and digest.
+  // One correct implementation's run: its design (index into designs), which run it is, and per
+  // tensor rel_l2 and structure.
   struct Sample {
     size_t design = 0;
+    SampleId id;
     std::map<std::string, double> rel_l2;
     std::map<std::string, Structure> structure;
-    std::map<std::string, uint64_t> digest;
   };
   std::vector<Sample> samples;
   // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: six
   // orders (forward, reversed, 2 and 8 lanes, split-KV into 2 and 4 chunks combined by their lse)
   // x, for the absorbed form, the exact-arithmetic variants that round different values at the
-  // same points. Every sample included (the gate leaves out the judged run with rms()).
+  // same points. Every sample included (the gate leaves out the judged run itself with rms()).
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
 
-  // RMS of rel_l2 of tensor t over design n's samples, leaving out those with digest `self`
-  // (0: none left out); NaN when no sample remains.
-  double rms(size_t n, const std::string& t, uint64_t self = 0) const;
-  // max over designs of rms(n, t, self); `which` receives the design (NaN, npos: none).
-  double least_accurate(const std::string& t, uint64_t self = 0, size_t* which = nullptr) const;
-  // max over every sample (but those with digest `self`) of structure statistic `stat` (an index
-  // into structure_names()); NaN when none.
-  double structure_max(const std::string& t, size_t stat, uint64_t self = 0) const;
+  // RMS of rel_l2 of tensor t over design n's samples, leaving out the run `self` (null: none;
+  // the gate's cpu.* row is the forward-order run of its own design and variant); NaN when no
+  // sample remains. A sample whose bits merely equal the judged tensor's is a correct run and
+  // stays: a correctly rounded output is bit-identical to several samples.
+  double rms(size_t n, const std::string& t, const SampleId* self = nullptr) const;
+  // max over designs of rms(n, t); `which` receives the design (NaN, npos: none).
+  double least_accurate(const std::string& t, size_t* which = nullptr) const;
+  // max over every sample of structure statistic `stat` (an index into structure_names()); NaN
+  // when none.
+  double structure_max(const std::string& t, size_t stat) const;
 };
 
 // The design a registered implementation implements: conventions §3's rounding points for its form

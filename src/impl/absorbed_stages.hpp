@@ -121,6 +121,7 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
                 qp.data.begin() + qp.index({b, i, h, 0}) + dr);
   query_norm(k, k.pos(b, i), p, eps, w, q);
   if (d.approx_rsqrt) q.alpha_q = approx_rsqrt_of(q.alpha_q);
+  if (rounds_at(d.alpha_q, accumulate_dtype(cf.profile))) q.alpha_q = store(d.alpha_q, q.alpha_q);
   const std::vector<Acc>* W = &wk;
   if (!none) {
     const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));

@@ -13,10 +13,12 @@ namespace qkmla::impl {
 
 namespace {
 
-// A statistic 1/S as the design computes it: exact in Acc, or through an approximate rsqrt.
+// A statistic 1/S as the design computes it: exact in Acc, or through an approximate rsqrt; the
+// query's stored at its point.
 template <class Acc>
-Acc rsqrt_of(const Design& d, Acc inv) {
-  return d.approx_rsqrt ? approx_rsqrt_of(inv) : inv;
+Acc rsqrt_of(const Design& d, Acc inv, DType point = DType::F64, DType A = DType::F64) {
+  const Acc x = d.approx_rsqrt ? approx_rsqrt_of(inv) : inv;
+  return rounds_at(point, A) ? store(point, x) : x;
 }
 
 template <class Acc>
@@ -41,7 +43,7 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
     q.alpha_q = Acc(1);
     if (pos >= 0) rotate(q.qr.data(), k, pos);
   } else if (c.norm == NormMode::Blockwise) {
-    q.alpha_q = rsqrt_of(d, inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps));
+    q.alpha_q = rsqrt_of(d, inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps), d.alpha_q, A);
     scale_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q);
     if (pos >= 0) blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
   } else {
@@ -51,7 +53,7 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
       q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();
     } else {
       if (!ntr) rotate(q.qr.data(), k, pos);
-      q.alpha_q = rsqrt_of(d, unified_inv(q.qc.data(), q.qr.data(), k, eps));
+      q.alpha_q = rsqrt_of(d, unified_inv(q.qc.data(), q.qr.data(), k, eps), d.alpha_q, A);
       scale_gain(q.qc.data(), c.d_c, gq.data(), q.alpha_q);
       scale_gain(q.qr.data(), c.d_r, gq.data() + c.d_c, q.alpha_q);
       if (ntr && pos >= 0) rotate(q.qr.data(), k, pos);

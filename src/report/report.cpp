@@ -45,15 +45,14 @@ bool wanted(const ImplId& id, const ReportOptions& o) {
 // The yardstick of each row, from the correct implementations the report already ran: the
 // absorbed variants and the GPU kernels' model (split-KV) are correct implementations of the
 // absorbed design and sample its rounding noise, cpu.explicit and the explicit model the explicit
-// design's. A row's yardstick is the RMS rel_l2 of the *other* runs of its design (leave one out,
-// and every run with its very bits left out too): a judged run is never part of its own yardstick.
+// design's. A row's yardstick is the RMS rel_l2 of the *other* runs of its design (leave one
+// out): a judged run is never part of its own yardstick.
 // A design with a single implementation here (gamma_merged: merged gains; alpha_k_bf16) has no
 // yardstick in the report: its ratio is left empty and `qkmla gate` judges it with the fuller
 // ensemble of harness/yardstick.hpp.
 struct DesignRun {
   std::string impl;
   std::map<std::string, double> rel_l2;
-  std::map<std::string, uint64_t> digest;
 };
 
 std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run,
@@ -62,21 +61,17 @@ std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run,
   for (const Outputs& o : run.impls) {
     const ImplId id = parse_impl_id(o.impl);
     if (id.family != Family::Cpu && id.family != Family::GpuModel) continue;
-    DesignRun d{o.impl, rel_l2_of(run.k, truth, o, kTensors), {}};
-    for (const auto& [t, e] : d.rel_l2) d.digest[t] = digest(o.tensors.at(t), valid_mask(run.k, t));
-    out[to_string(design_of(id, run.k.cfg.profile))].push_back(std::move(d));
+    out[to_string(design_of(id, run.k.cfg.profile))].push_back(
+        {o.impl, rel_l2_of(run.k, truth, o, kTensors)});
   }
   return out;
 }
 
-std::map<std::string, double> leave_one_out(const std::vector<DesignRun>& runs, const Outputs& o,
-                                            const Case& k) {
+std::map<std::string, double> leave_one_out(const std::vector<DesignRun>& runs, const Outputs& o) {
   std::map<std::string, std::pair<double, int>> acc;
   for (const DesignRun& d : runs) {
     if (d.impl == o.impl) continue;
-    for (const auto& [t, e] : d.rel_l2)
-      if (!o.tensors.count(t) || d.digest.at(t) != digest(o.tensors.at(t), valid_mask(k, t)))
-        acc[t].first += e * e, acc[t].second += 1;
+    for (const auto& [t, e] : d.rel_l2) acc[t].first += e * e, acc[t].second += 1;
   }
   std::map<std::string, double> out;
   for (const auto& [t, sn] : acc)
@@ -108,7 +103,7 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
   for (const Outputs& o : run.impls) {
     const std::string design = to_string(design_of(parse_impl_id(o.impl), p));
     const std::map<std::string, double> ys = by_design.count(design)
-                                                 ? leave_one_out(by_design.at(design), o, run.k)
+                                                 ? leave_one_out(by_design.at(design), o)
                                                  : std::map<std::string, double>{};
     for (const Judged& j : judge_outputs(rule, run.k, truth, o, kTensors, ys)) {
       Row row{o.impl,           to_string(p), j.tensor,  "",   j.m,
