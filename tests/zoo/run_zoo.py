@@ -318,8 +318,11 @@ def main():
     binary = os.path.abspath(a.binary)
     os.makedirs(a.work_dir, exist_ok=True)
     try:
-        main_commit = subprocess.run(["git", "-C", "/work/main", "rev-parse", "--short", "HEAD"],
+        repo = os.path.dirname(os.path.dirname(HERE))
+        main_commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"],
                                      capture_output=True, text=True).stdout.strip()
+        if subprocess.run(["git", "-C", repo, "diff", "--quiet", "HEAD"]).returncode != 0:
+            main_commit += " (with uncommitted changes)"
     except Exception:
         main_commit = "?"
     presets_text = list_presets(binary)
