@@ -20,7 +20,7 @@ instance is
                  correct styles on that case (or it has a non-finite position the ref lacks),
   2-10x band     if the largest such ratio is in (2, 10],
   rounding-level otherwise.
-Output: kill / false-alarm matrix by style and bug class, the commit of /work/main, the binary
+Output: kill / false-alarm matrix by style and bug class, the commit of the checkout it runs from, the binary
 and the seed range. Exit 1 on any false alarm (a correct style FAILs or is refused with exit 2)
 or any should-catch bug that PASSes.
 
@@ -271,7 +271,7 @@ def summarize(results, binary, seeds, main_commit, total_s):
                 missed.append(f"seed {res['seed']} {r['label']} ratio={r['ratio']:.3g} ({r['ratio_stat']})")
     lines = [f"# qkmla zoo run", "",
              f"- qkmla binary: `{binary}`",
-             f"- /work/main commit: `{main_commit}`",
+             f"- checkout commit: `{main_commit}`",
              f"- seeds: {seeds[0]}-{seeds[-1]} ({len(seeds)} seeds; fitted range {FITTED})",
              f"- wall time: {total_s:.1f} s ({total_s / max(len(seeds), 1):.1f} s per seed)", "",
              "## False alarms (correct styles that FAIL or are refused)", "",
