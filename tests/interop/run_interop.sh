@@ -20,7 +20,7 @@ fi
 # shape class | case flags | design of the correct client | an injected bug that must fail
 classes=(
   "paper|--preset tiny --profile fp32 --seqlens 0,9,33 --sq 2 --seed 7|fp32|no_gamma_q"
-  "nope|--preset tiny-nope --profile bf16 --seqlens 0,12,30 --sq 2 --seed 8|stored_out|eps_x10"
+  "nope|--preset tiny-nope --profile bf16 --seqlens 0,12,30 --sq 2 --seed 8|stored_out|no_gamma_q"
   "g1|--preset tiny-g1 --profile bf16 --seqlens 5,30 --sq 2 --seed 9|bf16_p|no_gamma_rk"
   "g_lt_h|--preset paper-g8 --profile bf16 --seqlens 0,20 --sq 2 --seed 10|stored_out|rope_style_swapped"
   "norm_none|--preset tiny --norm none --profile bf16 --seqlens 3,25 --sq 2 --seed 11|fp32|rope_pos_plus1"
