@@ -7,7 +7,7 @@ computed the way an engine's projection code does it: fp32 GEMMs (upcast operand
 accumulation), RMS statistics in fp32, RoPE in fp32 with the fp32 tables, one rounding to the
 stored dtype on write. The append path forms the key k0c = c*W_UK in fp32 transiently for
 alpha_k. In unified mode q_rope/k_rope are the gained rotated *un-normalized* rope parts and the
-kernel scales the whole score by alpha_q*alpha_k (SPEC §1.3). fp64 profile: fp64 throughout.
+kernel scales the whole score by alpha_q*alpha_k (conventions §1.3). fp64 profile: fp64 throughout.
 
 Used by the kernel-style files (flashmla_style, flashinfer_fp8, kernel_plain); the torch, spec,
 sdpa and triton styles carry their own preludes.

@@ -24,7 +24,7 @@ from safetensors.numpy import save_file
 BF16 = ml_dtypes.bfloat16
 F8E4M3 = ml_dtypes.float8_e4m3fn
 
-# stored dtype per profile (SPEC §3); fp8: the latent cache is e4m3 + per-token scale, the rest bf16
+# stored dtype per profile (conventions §3); fp8: the latent cache is e4m3 + per-token scale, the rest bf16
 STORED = {"fp64": np.float64, "fp32": np.float32, "bf16": BF16, "fp16": np.float16, "fp8": BF16}
 # accumulate dtype per profile
 ACCUM = {"fp64": np.float64, "fp32": np.float32, "bf16": np.float32, "fp16": np.float32,
@@ -36,7 +36,7 @@ _DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": BF16,
 
 
 def read_safetensors(path):
-    """(tensors, metadata) of a safetensors file, every dtype of SPEC §9 included."""
+    """(tensors, metadata) of a safetensors file, every dtype of conventions §9 included."""
     with open(path, "rb") as f:
         blob = f.read()
     n = struct.unpack("<Q", blob[:8])[0]

@@ -1,4 +1,4 @@
-"""SPEC §3 `cpu.absorbed` rounding points, but outputs returned unrounded in fp32 (`.float()`).
+"""conventions §3 `cpu.absorbed` rounding points, but outputs returned unrounded in fp32 (`.float()`).
 
 Design: q_latent, the rotated normalized rope query/key (or, in unified mode, the gained rotated
 un-normalized rope parts) rounded to the stored dtype; c as stored (fp8: dequantized exactly as
