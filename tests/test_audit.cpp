@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "harness/audit.hpp"
 #include "harness/golden.hpp"
@@ -216,4 +217,18 @@ TEST_CASE("audit.yardstick.correctly_rounded_output_is_not_left_out") {
   const AuditResult r = audit(cf, {{"latent_out", lat}, {"out", out}});
   CHECK(tensor(r, "latent_out").j.baseline_ratio <= 1.5);
   CHECK(r.pass());
+}
+
+// Zoo seed 61009: a kernel-level case of the unified norm with rope_then_norm and an empty
+// sequence was written with alpha_q = NaN for that sequence's queries (no position, so no
+// statistic), and every audit of it was refused as bad input. Such a case reads back now.
+TEST_CASE("audit.kernel_case.empty_sequence_has_finite_alpha_q") {
+  MlaConfig c = test::tiny_config(Profile::FP32, {0, 52, 2}, 2, NormMode::Unified, 61009);
+  c.rope_order = RopeOrder::RopeThenNorm;
+  Golden g = make_golden(generate_case(c), Level::Kernel, 113, "test");
+  const std::string path = "/tmp/qkmla_kernel_case_" + std::to_string(c.seed) + ".safetensors";
+  write_case(path, g.k, g.refs);
+  const CaseFile back = read_case(path);  // validates every input: finite alpha_q
+  CHECK(back.k.get("alpha_q").at({0, 0, 0}) == 0.0);
+  std::filesystem::remove(path);
 }

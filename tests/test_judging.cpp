@@ -58,13 +58,14 @@ TEST_CASE("judge.candidate_designs.follow_the_delivered_dtypes") {
   // read as "everything fp32", which failed conventions §3's own design delivered unrounded).
   const auto f32 = candidate_designs(c, Form::Absorbed, {{"out", {DType::F32}}});
   CHECK(outs(f32) == std::set<DType>{DType::F32});
-  for (const char* f :
-       {"all-fp32 compute", "conventions §3 rounding points", "conventions §3 points mixed",
-        "FlashMLA-style (P stored, exp2)", "PyTorch module (every op stored)",
-        "softmax scale folded into q", "approximate rsqrt statistic"}) {
+  for (const std::string f : {"all-fp32 compute", "conventions §3 rounding points",
+                              "conventions §3 points mixed", "FlashMLA-style (P stored, exp2)",
+                              "softmax scale folded into q", "approximate rsqrt statistic"}) {
     CAPTURE(f);
     CHECK(family(f32, f));
   }
+  // A module that stores every op's output stores out too: not consistent with an unrounded out.
+  CHECK_FALSE(family(f32, "PyTorch module (every op stored)"));
   bool spec_with_f32_out = false;
   for (const Candidate& x : f32)
     spec_with_f32_out |= x.d.q == DType::BF16 && x.d.rope == DType::BF16 && x.d.out == DType::F32;

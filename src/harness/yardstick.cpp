@@ -75,7 +75,8 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
   flash.p = D, flash.exp2 = true;
   add("FlashMLA-style (P stored, exp2)", flash);
-  if (base.form != Form::Kernel) {  // a module: kernel-level references compute in fp32
+  // A module storing every op's output stores out too; kernel-level references compute in fp32.
+  if (base.form != Form::Kernel && base.out == D) {
     Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
     torch.score = D, torch.p = D;
     if (c.norm != NormMode::None) torch.alpha_q = D, torch.alpha_k = D;  // .type_as(x)

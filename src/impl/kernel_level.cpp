@@ -40,7 +40,10 @@ Case kernel_case_t(const Case& k) {
         const LatentQuery<Acc> q =
             latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk,
                          constant<Acc>(cf.eps), spec_design(cf.profile, Form::Absorbed));
-        aq.at({b, i, h}) = double(q.alpha_q);
+        // A query of an empty sequence has no position, so under unified rope_then_norm no
+        // statistic (NaN); it sees no key either, so any finite value serves: 0, as inputs must be
+        // finite (zoo seed 61009 found golden --level kernel writing a case audit refused).
+        aq.at({b, i, h}) = cf.seqlens[size_t(b)] == 0 ? 0.0 : double(q.alpha_q);
         for (int l = 0; l < r; ++l) ql.at({b, i, h, l}) = double(q.q_latent[size_t(l)]);
         for (int j = 0; j < dr; ++j) qr.at({b, i, h, j}) = double(q.rope[size_t(j)]);
       }
