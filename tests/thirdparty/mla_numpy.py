@@ -8,6 +8,7 @@ Designs (each legitimate: conventions §5 "Judging"):
   fp32       every intermediate in float32; out, lse, latent_out delivered in float32
   bf16_p     probabilities rounded to the stored dtype before p.c (FlashMLA's bf16 P); out stored
   stored_out float32 compute, out and latent_out rounded to the stored dtype
+  spec_f32   q_latent and rope parts rounded as stored_out, out and latent_out delivered in float32
   q_latent32 q_latent kept in float32, rope parts and latent_out rounded, out in the stored dtype
   alpha_k_bf16 alpha_k cached (and delivered) in bf16 (conventions §1.2's lossy option: a declared
              design), out in the stored dtype
@@ -142,7 +143,7 @@ class Run:
             T = int(t["seqlens"][b])
             self.sequence(b, T, out, lat_out, lse, alpha_k_all, sigma)
         res = {"out": out, "lse": lse}
-        fp32_out = self.design == "fp32"
+        fp32_out = self.design in ("fp32", "spec_f32")  # spec_f32: stored q_latent, fp32 outputs
         if not fp32_out:
             res["out"] = self.stored(out).astype(self.D)
         if self.design != "explicit":
