@@ -107,10 +107,20 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
                                              double k) {
   std::vector<StructureCheck> out;
   const std::vector<double> v = structure_values(structure_of(x, y, mask));
+  // The floors: u/16 for a unit's rel_l2; a projection averages its roundings, u/16 / sqrt(n) over
+  // n values (the tensor's, or a row's), or a bf16 floor would hide a whole-tensor bias of 2e-4.
+  int64_t n = 0;
+  for (int64_t i = 0; i < y.numel(); ++i)
+    n += (mask.empty() || mask[size_t(i)]) && std::isfinite(y[i]);
+  const double width = y.shape.size() == 4 ? double(y.shape[3]) : 1.0;
   for (size_t i = 0; i < v.size(); ++i) {
     const double top = ys.structure_max(t, i);
     if (std::isnan(v[i]) || std::isnan(top)) continue;
-    StructureCheck c{structure_names()[i], v[i], top, v[i] / std::max(top, floor), true};
+    const std::string& stat = structure_names()[i];
+    const double f = stat == "bias"       ? floor / std::sqrt(double(std::max<int64_t>(n, 1)))
+                     : stat == "row_bias" ? floor / std::sqrt(width)
+                                          : floor;
+    StructureCheck c{stat, v[i], top, v[i] / std::max(top, f), true};
     c.pass = c.ratio <= k;
     out.push_back(c);
   }

@@ -84,9 +84,11 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     if (c.profile == Profile::FP8) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
   }
-  Design folded = base;
-  folded.scale_in_q = true;
-  add("softmax scale folded into q", folded);
+  if (base.form != Form::Kernel) {  // a kernel's q_latent is given stored: folding sigma in
+    Design folded = base;           // there would round it twice, which no listed design does
+    folded.scale_in_q = true;
+    add("softmax scale folded into q", folded);
+  }
   if (c.norm != NormMode::None && base.form != Form::Kernel) {
     Design rs = base;
     rs.approx_rsqrt = true;

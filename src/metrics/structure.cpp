@@ -54,6 +54,13 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   }
   Structure s;
   s.worst_row = rank == 4 ? row.worst() : nan;
+  if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, 1)
+    s.worst_row = 0;
+    for (int64_t i = 0; i < y.numel(); ++i)
+      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(x[i]) && std::isfinite(y[i]))
+        s.worst_row =
+            std::max(s.worst_row, std::fabs(x[i] - y[i]) / std::max(std::fabs(y[i]), 1.0));
+  }
   s.worst_head = rank >= 3 ? head.worst() : nan;
   s.worst_seq = seq.worst();
   s.bias = all.yy[0] > 0 ? double(std::fabs(all.ey[0] / all.yy[0])) : 0.0;

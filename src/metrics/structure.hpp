@@ -14,7 +14,8 @@ namespace qkmla {
 
 struct Structure {
   // max over units of the unit's rel_l2 (units whose reference is all zero skipped); NaN where the
-  // tensor has no such unit (a row of lse is one number: no row statistics for lse)
+  // tensor has no such unit. A row of lse ([B, S_q, H]) is one number: its worst_row is the largest
+  // |x - y| / max(|y|, 1) (an absolute error where lse is small), and it has no row_bias.
   double worst_row = 0, worst_head = 0, worst_seq = 0;
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
