@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "metrics/compare.hpp"
+#include "metrics/structure.hpp"
 
 using namespace qkmla;
 
@@ -36,4 +37,30 @@ TEST_CASE("metrics.compare.nonfinite_and_masks") {
   CHECK(m.compared == 1);
   m = compare(x, y, DType::F64, {true, true, true, true, true, false});  // last slot unspecified
   CHECK(m.nonfinite_mismatch == 2);
+}
+
+// The structure statistics on hand-computed tensors: [B=2, S_q=1, H=2, w=2] and lse [2, 1, 2].
+TEST_CASE("metrics.structure.definitions") {
+  Tensor y(DType::F64, {2, 1, 2, 2}), x(DType::F32, {2, 1, 2, 2});
+  y.data = {1, 0, 0, 1, 2, 0, 0, 2};
+  x = y;
+  x.data[3] = 1.1;  // head 1 of sequence 0: +10 % on its one non-zero value
+  Structure s = structure_of(x, y, {});
+  CHECK(s.worst_row == doctest::Approx(0.1));                  // row (0, 0, 1)
+  CHECK(s.worst_head == doctest::Approx(0.1 / std::sqrt(5)));  // head 1: 0.1 over |y| = sqrt(5)
+  CHECK(s.worst_seq == doctest::Approx(0.1 / std::sqrt(2)));
+  CHECK(s.bias == doctest::Approx(0.1 / 10));     // <e, y> / <y, y> = 0.1 / 10
+  CHECK(s.row_bias == doctest::Approx(0.1 / 2));  // rows' projections: 0, .1, 0, 0
+  x.data = y.data;  // a 1 % scale everywhere: every projection is -0.01
+  for (double& v : x.data) v *= 0.99;
+  s = structure_of(x, y, {});
+  CHECK(s.bias == doctest::Approx(0.01));
+  CHECK(s.row_bias == doctest::Approx(0.01));
+  // lse: one row wrong by 0.5 at |lse| = 0.1: measured against max(|y|, 1), so 0.5.
+  Tensor ly(DType::F64, {2, 1, 2}), lx(DType::F32, {2, 1, 2});
+  ly.data = {0.1, 3.0, -INFINITY, 8.0};
+  lx.data = {0.6, 3.0, -INFINITY, 8.0};
+  s = structure_of(lx, ly, {});
+  CHECK(s.worst_row == doctest::Approx(0.5));
+  CHECK(std::isnan(s.row_bias));
 }
