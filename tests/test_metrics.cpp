@@ -63,4 +63,5 @@ TEST_CASE("metrics.structure.definitions") {
   s = structure_of(lx, ly, {});
   CHECK(s.worst_row == doctest::Approx(0.5));
   CHECK(std::isnan(s.row_bias));
+  CHECK(std::isnan(s.bias));  // noise alone biases lse (Jensen): no projection statistic
 }

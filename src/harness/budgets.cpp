@@ -71,7 +71,8 @@ void apply_budget_file(GateRule& rule, const std::string& path) {
   const toml::table t = parse_toml(text, path);
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
-    if (k != "baseline_k" && k != "baseline_k_source" && k != "budget" && k != "design")
+    if (k != "baseline_k" && k != "baseline_k_source" && k != "budget" && k != "design" &&
+        k != "projection_k" && k != "projection_k_source")
       throw InputError(path, k,
                        "unknown key (expected baseline_k, baseline_k_source, [[budget]] or "
                        "[design])");
@@ -99,6 +100,12 @@ void apply_budget_text(GateRule& rule, const std::string& text, const std::strin
     if (!v || !(*v > 0)) throw InputError(path, "baseline_k", "must be a positive number");
     rule.baseline_k = *v;
     rule.baseline_k_source = t["baseline_k_source"].value_or(std::string(path));
+  }
+  if (const auto* k = t.get("projection_k")) {
+    const auto v = k->value<double>();
+    if (!v || !(*v > 0)) throw InputError(path, "projection_k", "must be a positive number");
+    rule.projection_k = *v;
+    rule.projection_k_source = t["projection_k_source"].value_or(std::string(path));
   }
   const toml::array* arr = t["budget"].as_array();
   if (!arr && t.contains("budget"))

@@ -22,6 +22,9 @@ struct Budget {
 struct GateRule {
   double baseline_k = 2.0;  // conventions §6 default; the budget table sets the measured one
   std::string baseline_k_source = "conventions §6";
+  // An audit's structure projections (bias, row_bias) against the correct samples' largest.
+  double projection_k = 4.0;
+  std::string projection_k_source = "conventions §5";
   std::vector<Budget> budgets;
   // A declared design from the file's [design] table (core/design.hpp syntax, "" when none): an
   // audit given the file judges strictly against it, as with --design.

@@ -17,6 +17,7 @@ struct Structure {
   // tensor has no such unit. A row of lse ([B, S_q, H]) is one number: its worst_row is the largest
   // |x - y| / max(|y|, 1) (an absolute error where lse is small), and it has no row_bias.
   double worst_row = 0, worst_head = 0, worst_seq = 0;
+  // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
 };
