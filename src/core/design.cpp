@@ -90,10 +90,11 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.gains_merged = v == "merged";
       continue;
     }
-    bool Design::*const option = k == "scale_in_q" ? &Design::scale_in_q
-                                 : k == "exp2"     ? &Design::exp2
-                                 : k == "rsqrt"    ? &Design::approx_rsqrt
-                                                   : nullptr;
+    bool Design::*const option = k == "scale_in_q"     ? &Design::scale_in_q
+                                 : k == "exp2"         ? &Design::exp2
+                                 : k == "rsqrt"        ? &Design::approx_rsqrt
+                                 : k == "p_normalized" ? &Design::p_normalized
+                                                       : nullptr;
     if (option) {
       if (v != "yes" && v != "no" && v != "approx" && v != "exact")
         throw ConfigError("design." + k, "expected yes|no (rsqrt: approx|exact), got '" + v + "'");
@@ -138,6 +139,7 @@ std::string to_string(const Design& d) {
   if (d.scale_in_q) s += ",scale_in_q=yes";
   if (d.exp2) s += ",exp2=yes";
   if (d.approx_rsqrt) s += ",rsqrt=approx";
+  if (d.p_normalized) s += ",p_normalized=yes";
   return d.gains_merged ? s + ",gains=merged" : s;
 }
 

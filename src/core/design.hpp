@@ -34,16 +34,19 @@ struct Design {
   DType score = DType::F64;    // the logit and its two dot products stored (a PyTorch module: bf16)
   DType alpha_q = DType::F64;  // the query statistic stored before use (a PyTorch module: bf16)
   DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
-  bool scale_in_q =
-      false;          // sigma multiplied into q_latent and the query rope part before rounding
-  bool exp2 = false;  // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
+  // sigma multiplied into q_latent and the query rope part before rounding
+  bool scale_in_q = false;
+  bool exp2 = false;          // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
   bool approx_rsqrt = false;  // 1/S through an approximate rsqrt (a few ulp of the statistic)
+  // P stored after the softmax's division (a module: softmax(...).type_as(x)) rather than as a
+  // kernel stores its tile, exp(l - m) with the largest weight exactly 1, dividing after p.c.
+  bool p_normalized = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
            cache == o.cache && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
-           approx_rsqrt == o.approx_rsqrt;
+           approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized;
   }
 };
 

@@ -78,7 +78,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   // A module storing every op's output stores out too; kernel-level references compute in fp32.
   if (base.form != Form::Kernel && base.out == D) {
     Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
-    torch.score = D, torch.p = D;
+    torch.score = D, torch.p = D, torch.p_normalized = true;
     if (c.norm != NormMode::None) torch.alpha_q = D, torch.alpha_k = D;  // .type_as(x)
     if (torch.form != Form::Explicit) torch.latent_out = D;
     if (c.profile == Profile::FP8) torch.cache = DType::BF16;

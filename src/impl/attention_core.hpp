@@ -22,11 +22,13 @@ namespace qkmla::impl {
 // carries log2 e; exp2 and log2, the lse converted back to natural log).
 struct RowRounding {
   std::optional<DType> score, p;
+  bool p_normalized = false;  // P stored after the division (a module) or before it (a kernel)
   bool exp2 = false;
   static RowRounding of(const Design& d, DType A) {
     RowRounding r;
     if (rounds_at(d.score, A)) r.score = d.score;
     if (rounds_at(d.p, A)) r.p = d.p;
+    r.p_normalized = d.p_normalized;
     r.exp2 = d.exp2;
     return r;
   }
@@ -85,17 +87,25 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
   std::vector<Acc> p;
   p.reserve(tokens.size());
   for (int64_t t : tokens) p.push_back(rr.score ? store(*rr.score, logit(t)) : logit(t));
-  Acc lse;
-  if constexpr (std::is_floating_point_v<Acc>)
-    lse = rr.exp2 ? softmax_base2(p) : softmax(p);
-  else
+  Acc lse, sum = 1;
+  if constexpr (std::is_floating_point_v<Acc>) {
+    if (rr.p && !rr.p_normalized) {  // a kernel's tile: exp(l - m) stored, divided by the sum last
+      lse = rr.exp2 ? softmax_base2(p, &sum) : softmax(p, &sum);
+    } else {
+      lse = rr.exp2 ? softmax_base2(p) : softmax(p);
+    }
+  } else {
     lse = softmax(p);  // the error-bound type bounds the natural-base designs only
+  }
   if (rr.p)
     for (Acc& x : p) x = store(*rr.p, x);
   acc.assign(size_t(width), Acc(0));
   ordered_accumulate<Acc>(
       int64_t(tokens.size()), width, [&](int64_t n) { return p[size_t(n)]; },
       [&](int64_t n) { return value(tokens[size_t(n)]); }, acc.data());
+  if constexpr (std::is_floating_point_v<Acc>)
+    if (rr.p && !rr.p_normalized)
+      for (Acc& x : acc) x /= sum;
   return lse;
 }
 

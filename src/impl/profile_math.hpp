@@ -218,29 +218,37 @@ void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols,
 }
 
 // Softmax over one row's visible logits: lse = m + log(sum exp(l - m)), p = exp(l - m) / sum.
+// With `unnormalized`, p is left as exp(l - m) and *unnormalized receives the sum, as a kernel's
+// tile keeps it: the largest weight exactly 1, the division after p.v.
 template <class Acc>
-Acc softmax(std::vector<Acc>& logits_to_p) {
+Acc softmax(std::vector<Acc>& logits_to_p, Acc* unnormalized = nullptr) {
   if (logits_to_p.empty()) return -std::numeric_limits<Acc>::infinity();
   Acc m = logits_to_p[0];
   for (Acc l : logits_to_p) m = std::max(m, l);
   for (Acc& l : logits_to_p) l = std::exp(l - m);
   const Acc sum =
       ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
-  for (Acc& l : logits_to_p) l /= sum;
+  if (unnormalized)
+    *unnormalized = sum;
+  else
+    for (Acc& l : logits_to_p) l /= sum;
   return m + std::log(sum);
 }
 
 // The same over base-2 logits (the scale carried log2 e): p = exp2(l - m) / sum, and the natural
 // lse (m + log2 sum) ln 2, as exp2 kernels return it.
 template <class Acc>
-Acc softmax_base2(std::vector<Acc>& logits_to_p) {
+Acc softmax_base2(std::vector<Acc>& logits_to_p, Acc* unnormalized = nullptr) {
   if (logits_to_p.empty()) return -std::numeric_limits<Acc>::infinity();
   Acc m = logits_to_p[0];
   for (Acc l : logits_to_p) m = std::max(m, l);
   for (Acc& l : logits_to_p) l = std::exp2(l - m);
   const Acc sum =
       ordered_sum<Acc>(int(logits_to_p.size()), [&](int t) { return logits_to_p[size_t(t)]; });
-  for (Acc& l : logits_to_p) l /= sum;
+  if (unnormalized)
+    *unnormalized = sum;
+  else
+    for (Acc& l : logits_to_p) l /= sum;
   return (m + std::log2(sum)) * Acc(0.6931471805599453);
 }
 
