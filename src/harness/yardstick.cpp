@@ -81,6 +81,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     torch.score = D, torch.p = D, torch.p_normalized = true;
     if (c.norm != NormMode::None) torch.alpha_q = D, torch.alpha_k = D;  // .type_as(x)
     if (torch.form != Form::Explicit) torch.latent_out = D;
+    if (torch.form == Form::Absorbed) torch.eager = D;
     if (c.profile == Profile::FP8) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
   }
@@ -120,6 +121,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     if (!rounds_at(d.score, A)) d.score = DType::F64;
     if (!rounds_at(d.alpha_q, A)) d.alpha_q = DType::F64;
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;
+    if (!rounds_at(d.eager, A)) d.eager = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
       if (x.d == d) return;

@@ -14,10 +14,11 @@
 namespace qkmla::impl {
 
 // A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only; the rope
-// key is cached in `rope_format` (a design's rounding point), alpha_k in Acc.
+// key is cached in `rope_format` (a design's rounding point), alpha_k in Acc. Eager (a design's
+// `eager` format, not F64): the transient key and every step of the rope key stored in it.
 template <class Acc>
 LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps,
-                             const Perturbation& p, DType rope_format) {
+                             const Perturbation& p, DType rope_format, DType eager = DType::F64) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
   const Tensor& kpe = k.get("k_pe");
@@ -36,6 +37,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       const int64_t n = std::min(kProjectTokens, T - t0);
       keys.resize(size_t(n * G * dc));
       rows_mat(lc.c.data() + t0 * r, n, r, wk.data(), G * dc, G * dc, keys.data());
+      eager_step(eager, keys.data(), int(keys.size()));
     }
     std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
                        kpe.data.begin() + kpe.index({b, t, 0}) + dr);
@@ -43,7 +45,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       rotate(z.data(), k, t);
       lc.alpha_k.insert(lc.alpha_k.end(), size_t(G), Acc(1));
     } else {
-      if (unified && !ntr) rotate(z.data(), k, t);
+      if (unified && !ntr) rotate(z.data(), k, t), eager_step(eager, z.data(), dr);
       const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
       for (int g = 0; g < G; ++g) {
         const Acc* kg = &keys[size_t((t - t0) * G * dc + g * dc)];
@@ -55,11 +57,12 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       }
       if (unified) {
         if (!p.no_rope_gain_k) scale_gain(z.data(), dr, gk.data() + dc, Acc(1));
-        if (ntr) rotate(z.data(), k, t);
+        eager_step(eager, z.data(), dr);
+        if (ntr) rotate(z.data(), k, t), eager_step(eager, z.data(), dr);
       } else {
         blockwise_rope(z.data(),
                        p.no_rope_gain_k ? std::vector<Acc>(size_t(dr), Acc(1)).data() : gk.data(),
-                       t, k, eps, p);
+                       t, k, eps, p, eager);
       }
     }
     for (Acc x : z) lc.rope.push_back(round_point(rope_format, A, x));
@@ -68,9 +71,10 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
 }
 
 // The query statistic and the rope part of one row (A.2, U.1); w [d_c] is the raw content query.
+// Eager: each step of the rope part stored in that format (as build_cache's key).
 template <class Acc>
 void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
-                const std::vector<Acc>& w, LatentQuery<Acc>& q) {
+                const std::vector<Acc>& w, LatentQuery<Acc>& q, DType eager = DType::F64) {
   const MlaConfig& cf = k.cfg;
   const int dc = cf.d_c, dr = cf.d_r;
   const bool ntr = hook::norm_then_rope(p, cf);
@@ -83,10 +87,13 @@ void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
       q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();  // the statistic needs a position
       return;
     }
-    if (!ntr) rotate(q.rope.data(), k, hook::query_rope_pos(p, pos));
+    if (!ntr)
+      rotate(q.rope.data(), k, hook::query_rope_pos(p, pos)), eager_step(eager, q.rope.data(), dr);
     q.alpha_q = hook::inv_rms(p, sum_sq(w.data(), dc) + sum_sq(q.rope.data(), dr), dc + dr, eps);
     if (!p.no_rope_gain_q) scale_gain(q.rope.data(), dr, gq.data() + dc, Acc(1));
-    if (ntr && pos >= 0) rotate(q.rope.data(), k, hook::query_rope_pos(p, pos));
+    eager_step(eager, q.rope.data(), dr);
+    if (ntr && pos >= 0)
+      rotate(q.rope.data(), k, hook::query_rope_pos(p, pos)), eager_step(eager, q.rope.data(), dr);
   } else {
     Acc ss = sum_sq(w.data(), dc);
     int n = dc;
@@ -96,7 +103,7 @@ void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
       blockwise_rope(q.rope.data(),
                      p.no_rope_gain_q ? std::vector<Acc>(size_t(dr), Acc(1)).data()
                                       : to_acc<Acc>(k.get("gamma_rq")).data(),
-                     hook::query_rope_pos(p, pos), k, eps, p);
+                     hook::query_rope_pos(p, pos), k, eps, p, eager);
   }
 }
 
@@ -119,7 +126,7 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
                      qn.data.begin() + qn.index({b, i, h, 0}) + dc);
   q.rope.assign(qp.data.begin() + qp.index({b, i, h, 0}),
                 qp.data.begin() + qp.index({b, i, h, 0}) + dr);
-  query_norm(k, k.pos(b, i), p, eps, w, q);
+  query_norm(k, k.pos(b, i), p, eps, w, q, d.eager);
   if (d.approx_rsqrt) q.alpha_q = approx_rsqrt_of(q.alpha_q);
   if (rounds_at(d.alpha_q, accumulate_dtype(cf.profile))) q.alpha_q = store(d.alpha_q, q.alpha_q);
   const std::vector<Acc>* W = &wk;
@@ -131,6 +138,11 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
     } else if (v == Variant::QNormedFirst) {
       scale_gain(w.data(), dc, gq.data(), q.alpha_q);
       scale_gain(w.data(), dc, gk.data(), Acc(1));
+    } else if (d.eager != DType::F64) {  // q_nope * (gamma_q * gamma_k), each product stored
+      for (int j = 0; j < dc; ++j)
+        w[size_t(j)] =
+            store(d.eager, w[size_t(j)] * store(d.eager, hook::gain_q(p, gq[size_t(j)]) *
+                                                             hook::gain_k(p, gk[size_t(j)])));
     } else {
       for (int j = 0; j < dc; ++j)
         w[size_t(j)] =

@@ -22,12 +22,14 @@ namespace qkmla::impl {
 // carries log2 e; exp2 and log2, the lse converted back to natural log).
 struct RowRounding {
   std::optional<DType> score, p;
-  bool p_normalized = false;  // P stored after the division (a module) or before it (a kernel)
+  std::optional<DType> eager;  // each factor of the logit stored (core/design.hpp: eager)
+  bool p_normalized = false;   // P stored after the division (a module) or before it (a kernel)
   bool exp2 = false;
   static RowRounding of(const Design& d, DType A) {
     RowRounding r;
     if (rounds_at(d.score, A)) r.score = d.score;
     if (rounds_at(d.p, A)) r.p = d.p;
+    if (rounds_at(d.eager, A)) r.eager = d.eager;
     r.p_normalized = d.p_normalized;
     r.exp2 = d.exp2;
     return r;
@@ -160,6 +162,14 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCa
     Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, pt.score_lowp);
     Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
+    if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
+      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored
+      const auto e = [&](Acc x) { return store(*rr.eager, x); };
+      const Acc ak = cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
+      const Acc x = unified ? e(e(e(e(latent) + e(rope)) * q.row_scale) * ak)
+                            : e(e(e(e(latent) * q.row_scale) * ak) + e(rope));
+      return e(scale * x);
+    }
     const Acc s = q.row_scale * cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
     if (unified && pt.rope_unscaled_by_alpha_k)
       return Acc(scale * (s * latent + q.row_scale * rope));

@@ -120,21 +120,27 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
   std::vector<double> seconds(specs.size(), 0.0);
   for (int b = 0; b < cf.batch; ++b) {
     // The correct caches, one per rope format the specs ask for, shared by every unperturbed spec.
-    std::map<DType, LatentCache<Acc>> correct;
-    std::map<DType, double> cache_s;
+    using Formats = std::pair<DType, DType>;  // the rope key's rounding point, the eager format
+    std::map<Formats, LatentCache<Acc>> correct;
+    std::map<Formats, double> cache_s;
+    const auto formats = [&](const AbsorbedSpec& s) {
+      const Design d = design_of(s, cf.profile);
+      return Formats{d.rope, d.eager};
+    };
     for (const AbsorbedSpec& s : specs) {
-      const DType rope = design_of(s, cf.profile).rope;
+      const Formats rope = formats(s);
       if (!s.p.is_none() || correct.count(rope)) continue;
       const auto t0 = std::chrono::steady_clock::now();
-      correct[rope] = build_cache(k, b, wk, eps, Perturbation{}, rope);
+      correct[rope] = build_cache(k, b, wk, eps, Perturbation{}, rope.first, rope.second);
       cache_s[rope] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     for (size_t n = 0; n < specs.size(); ++n) {
       const auto t1 = std::chrono::steady_clock::now();
-      const DType rope = design_of(specs[n], cf.profile).rope;
+      const Formats rope = formats(specs[n]);
       const bool perturbed = !specs[n].p.is_none();
       const LatentCache<Acc> own =
-          perturbed ? build_cache(k, b, wk, eps, specs[n].p, rope) : LatentCache<Acc>{};
+          perturbed ? build_cache(k, b, wk, eps, specs[n].p, rope.first, rope.second)
+                    : LatentCache<Acc>{};
       run_sequence(k, b, specs[n], perturbed ? own : correct.at(rope), wk, wk_merged, wv, outs[n]);
       seconds[n] += (perturbed ? 0.0 : cache_s[rope]) +
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

@@ -6,16 +6,31 @@
 
 namespace qkmla::impl {
 
+// Each step's output stored in `eager` (a PyTorch module in eager mode: core/design.hpp), or kept
+// in Acc when `eager` is F64 (every accumulate type fits in it: nothing to round).
+template <class Acc>
+void eager_step(DType eager, Acc* z, int n) {
+  if (eager != DType::F64)
+    for (int j = 0; j < n; ++j) z[j] = store(eager, z[j]);
+}
+
 // Blockwise rope vector: normalize with its own gain and rotate, in the configured order.
 // z [d_r] holds the raw vector on entry and the normalized rotated vector (in Acc) on return.
+// Eager: rotated, normalized (x * inv), and gained (gamma * x) each stored, as Qwen3's RMSNorm and
+// DeepSeek's apply_rotary_emb store them.
 template <class Acc>
 void blockwise_rope(Acc* z, const Acc* gamma, int64_t pos, const Case& k, Acc eps,
-                    const Perturbation& p = {}) {
+                    const Perturbation& p = {}, DType eager = DType::F64) {
   const int dr = k.cfg.d_r;
   const bool ntr = hook::norm_then_rope(p, k.cfg);
-  if (!ntr) rotate(z, k, pos);
-  scale_gain(z, dr, gamma, hook::inv_rms(p, sum_sq(z, dr), dr, eps));
-  if (ntr) rotate(z, k, pos);
+  if (!ntr) rotate(z, k, pos), eager_step(eager, z, dr);
+  const Acc inv = hook::inv_rms(p, sum_sq(z, dr), dr, eps);
+  if (eager == DType::F64) {
+    scale_gain(z, dr, gamma, inv);
+  } else {
+    for (int j = 0; j < dr; ++j) z[j] = store(eager, gamma[j] * store(eager, z[j] * inv));
+  }
+  if (ntr) rotate(z, k, pos), eager_step(eager, z, dr);
 }
 
 // Unified statistic over [content; rope_stat] (U.1): 1 / sqrt((|c|^2 + |r|^2) / (d_c + d_r) + eps).
