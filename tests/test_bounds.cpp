@@ -63,13 +63,13 @@ void check_case(const MlaConfig& cfg, Tightness& t) {
   const std::map<std::string, Outputs> bounds = run_bounds(k, ids);
   REQUIRE(bounds.size() == impls.size());
   for (const Outputs& o : impls) {
-    REQUIRE(bounds.count(o.impl));
-    const Outputs& b = bounds.at(o.impl);
+    REQUIRE(bounds.count(to_string(o.id)));
+    const Outputs& b = bounds.at(to_string(o.id));
     for (const char* name : {"out", "lse", "alpha_q", "alpha_k", "latent_out"}) {
       if (!o.tensors.count(name)) continue;
       const Outputs& truth = std::string(name) == "latent_out" ? ab : ex;
       check_within(o.tensors.at(name), truth.tensors.at(name), b.tensors.at(name),
-                   valid_mask(k, name), name, o.impl + " " + name, t);
+                   valid_mask(k, name), name, to_string(o.id) + " " + name, t);
     }
   }
 }

@@ -53,13 +53,13 @@ Judgement judge_all(const Case& k) {
     // The gate's yardstick: correct implementations of the implementation's own design.
     const Yardstick y = measure_yardstick(k, std::vector<Design>{design_of(ids[n], k.cfg.profile)},
                                           truth_of, kTensors);
-    const auto b = bounds.find(out.impl);
+    const auto b = bounds.find(to_string(out.id));
     for (const Judged& x : judge_outputs(default_rule(), k, t, out, kTensors, y.rel_l2,
                                          b == bounds.end() ? nullptr : &b->second)) {
       ++j.rows;
       if (x.tensor == "out") j.worst_out = std::max(j.worst_out, x.m.rel_l2);
       j.nonfinite_mismatch += x.m.nonfinite_mismatch;
-      if (!x.v.pass) ++j.failed, j.failures.push_back(out.impl + "/" + x.tensor);
+      if (!x.v.pass) ++j.failed, j.failures.push_back(to_string(out.id) + "/" + x.tensor);
     }
   }
   return j;
@@ -172,15 +172,16 @@ TEST_CASE("extremes.plain_mla_outliers_have_finite_bounds") {
   int64_t checked = 0;
   for (const Outputs& out : outs)
     for (const char* name : {"out", "latent_out"}) {
-      if (!bounds.count(out.impl) || !bounds.at(out.impl).tensors.count(name)) continue;
-      const Tensor& b = bounds.at(out.impl).tensors.at(name);
+      if (!bounds.count(to_string(out.id)) || !bounds.at(to_string(out.id)).tensors.count(name))
+        continue;
+      const Tensor& b = bounds.at(to_string(out.id)).tensors.at(name);
       const Tensor& x = out.tensors.at(name);
       const Tensor& y = t.of(name)->tensors.at(name);
       const std::vector<bool> mask = valid_mask(k, name);
       for (int64_t i = 0; i < b.numel(); ++i) {
         if (!mask.empty() && !mask[size_t(i)]) continue;
         ++checked;
-        CAPTURE(out.impl);
+        CAPTURE(to_string(out.id));
         CAPTURE(name);
         CAPTURE(i);
         CAPTURE(x[i]);

@@ -74,7 +74,7 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
         std::string::npos);  // a sourced k, not the brief's 2
   Metrics m;
   m.rel_l2 = 1;
-  const Subject s{"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "out"};
+  const Subject s{parse_impl_id("cpu.absorbed.bf16"), "paper-decode", "normal", "bf16", "out"};
   // The table's k holds for a large sample; below it and above it.
   CHECK(judge(d, s, m, 0.99 * d.baseline_k, 1000).pass);
   CHECK_FALSE(judge(d, s, m, 1.01 * d.baseline_k, 1000).pass);
@@ -83,14 +83,14 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   CHECK(small_sample_k(1000) < d.baseline_k);
   CHECK(judge(d, s, m, 0.99 * small_sample_k(8), 8).pass);
   CHECK_FALSE(judge(d, s, m, 1.01 * small_sample_k(8), 8).pass);
-  CHECK(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, std::nan(""), 1000)
+  CHECK(judge(d, {ImplId{}, "tiny", "normal", "bf16", "out"}, m, std::nan(""), 1000)
             .pass);  // no yardstick: not judged by it
   m.nonfinite_mismatch = 1;
-  CHECK_FALSE(judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0, 1000).pass);
+  CHECK_FALSE(judge(d, {ImplId{}, "tiny", "normal", "bf16", "out"}, m, 1.0, 1000).pass);
   m.nonfinite_mismatch = 0;
   m.max_abs = std::nan("");
-  CHECK_FALSE(
-      judge(d, {"x", "tiny", "normal", "bf16", "out"}, m, 1.0, 1000).pass);  // NaN never passes
+  CHECK_FALSE(judge(d, {ImplId{}, "tiny", "normal", "bf16", "out"}, m, 1.0, 1000)
+                  .pass);  // NaN never passes
   GateRule r = default_rule();
   const std::string path = "/tmp/qkmla_test_budgets_" + std::to_string(getpid()) + ".toml";
   std::ofstream(path) << "baseline_k = 1.5\n[[budget]]\nimpl = \"audit.*\"\ntensor = "
@@ -98,9 +98,13 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
   apply_budget_file(r, path);
   m = Metrics{};
   m.max_abs = 2e-3;
-  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "out"}, m, 1.0, 1000).pass);
-  CHECK(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, m, 1.0, 1000).pass);
-  CHECK_FALSE(judge(r, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 1.6, 1000)
+  CHECK_FALSE(
+      judge(r, {parse_impl_id("audit.k"), "paper-decode", "normal", "bf16", "out"}, m, 1.0, 1000)
+          .pass);
+  CHECK(judge(r, {parse_impl_id("audit.k"), "paper-decode", "normal", "bf16", "lse"}, m, 1.0, 1000)
+            .pass);
+  CHECK_FALSE(judge(r, {parse_impl_id("audit.k"), "paper-decode", "normal", "bf16", "lse"},
+                    Metrics{}, 1.6, 1000)
                   .pass);  // k = 1.5
   // Every matching baseline_ratio budget holds (proofs/budgets.md): a looser one cannot win.
   std::ofstream(path)
@@ -109,10 +113,11 @@ TEST_CASE("gate.budgets_are_data_with_sources") {
          "\"test\"\n";
   GateRule two = default_rule();
   apply_budget_file(two, path);
-  CHECK_FALSE(
-      judge(two, {"audit.k", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 1.3, 1000).pass);
-  CHECK(judge(two, {"cpu.absorbed.bf16", "paper-decode", "normal", "bf16", "lse"}, Metrics{}, 5.0,
-              1000)
+  CHECK_FALSE(judge(two, {parse_impl_id("audit.k"), "paper-decode", "normal", "bf16", "lse"},
+                    Metrics{}, 1.3, 1000)
+                  .pass);
+  CHECK(judge(two, {parse_impl_id("cpu.absorbed.bf16"), "paper-decode", "normal", "bf16", "lse"},
+              Metrics{}, 5.0, 1000)
             .pass);
   std::ofstream(path) << "[[budget]]\nmetric = \"max_abs\"\nmax = 1\n";
   CHECK_THROWS_WITH_AS(apply_budget_file(r, path), doctest::Contains("needs a source"), InputError);

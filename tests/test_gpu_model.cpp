@@ -85,8 +85,8 @@ TEST_CASE("gpu.model.split_boundaries_every_profile") {
       const Report r = model_report({T, 0}, sq, s + uint64_t(T * 10 + sq),
                                     {Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8});
       for (const Row& row : r.rows) {
-        if (!test::starts_with(row.impl, "gpu.model.")) continue;
-        CAPTURE(row.impl);
+        if (!test::starts_with(to_string(row.impl), "gpu.model.")) continue;
+        CAPTURE(to_string(row.impl));
         CAPTURE(row.tensor);
         CHECK(row.m.nonfinite_mismatch == 0);
         const Verdict v = verdict(row, "tiny", "normal");
@@ -219,10 +219,10 @@ TEST_CASE("gpu.model.unified_and_rope_conventions") {
   const Report r = run_report(o);
   int rows = 0;
   for (const Row& row : r.rows) {
-    if (!test::starts_with(row.impl, "gpu.model.")) continue;
-    CAPTURE(row.impl);
+    if (!test::starts_with(to_string(row.impl), "gpu.model.")) continue;
+    CAPTURE(to_string(row.impl));
     CAPTURE(row.tensor);
-    CHECK(row.impl.find("explicit") == std::string::npos);
+    CHECK(to_string(row.impl).find("explicit") == std::string::npos);
     CHECK(row.m.nonfinite_mismatch == 0);
     CHECK(verdict(row, "tiny", "normal").pass);
     ++rows;
@@ -240,8 +240,8 @@ TEST_CASE("gpu.model.scenarios") {
                                   NormMode::Blockwise, sc);
     int rows = 0;
     for (const Row& row : r.rows) {
-      if (!test::starts_with(row.impl, "gpu.model.")) continue;
-      CAPTURE(row.impl);
+      if (!test::starts_with(to_string(row.impl), "gpu.model.")) continue;
+      CAPTURE(to_string(row.impl));
       CAPTURE(row.tensor);
       CHECK(row.m.nonfinite_mismatch == 0);
       CHECK(row.judged);

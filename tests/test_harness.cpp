@@ -4,10 +4,10 @@
 
 #include <set>
 
+#include "core/impl_id.hpp"
 #include "gate/gate_config.hpp"
 #include "harness/converge.hpp"
 #include "harness/golden.hpp"
-#include "harness/impl_id.hpp"
 #include "harness/registry.hpp"
 #include "helpers.hpp"
 #include "report/report.hpp"
@@ -73,7 +73,7 @@ TEST_CASE("harness.registry.report_shows_every_report_implementation") {
   o.gpu_device = false;
   const Report r = run_report(o);
   std::set<std::string> shown;
-  for (const Row& row : r.rows) shown.insert(row.impl);
+  for (const Row& row : r.rows) shown.insert(to_string(row.impl));
   size_t expected = 0;
   for (Profile p : o.profiles) {
     MlaConfig c = o.cfg;

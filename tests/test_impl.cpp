@@ -29,7 +29,7 @@ TEST_CASE("impl.absorbed.within_2x_explicit_bf16_fp16_normal") {
     const Report r = small_report("paper-decode", {0, 40}, 2, s, {Profile::BF16, Profile::FP16});
     int rows = 0;
     for (const Row& row : r.rows) {
-      if (row.tensor != "out" || !test::starts_with(row.impl, "cpu.absorbed.")) continue;
+      if (row.tensor != "out" || !test::starts_with(to_string(row.impl), "cpu.absorbed.")) continue;
       CAPTURE(row.impl);
       CHECK(row.vs_explicit <= 2.0);  // rel_l2 over cpu.explicit's, same profile
       CHECK(row.m.nonfinite_mismatch == 0);
@@ -50,7 +50,7 @@ TEST_CASE("impl.fp64_matches_reference") {
     // 16, 2^-98 ~ 3e-30); an fp64 profile implementation is within its forward error bound, which
     // for these sizes stays below 2^-46 ~ 1.4e-14 relative
     // (bounds.observed_errors_within_proven_bounds checks the bound itself element by element).
-    if (test::starts_with(row.impl, "ref."))
+    if (test::starts_with(to_string(row.impl), "ref."))
       CHECK(row.m.rel_l2 < std::ldexp(1.0, -98));
     else
       CHECK(row.m.rel_l2 < std::ldexp(1.0, -46));

@@ -111,7 +111,7 @@ std::vector<Outputs> all_impls(const Case& k) {
 struct Tolerance {
   std::map<std::string, Outputs> bounds;  // cpu.* implementations' element bounds, by id
   double of(const Outputs& o, const std::string& tensor, int64_t flat) const {
-    const auto b = bounds.find(o.impl);
+    const auto b = bounds.find(to_string(o.id));
     return 1e-13 + (b == bounds.end() ? 0.0 : b->second.tensors.at(tensor)[flat]);
   }
 };
@@ -139,7 +139,7 @@ TEST_CASE("reference.closed_form.identical_keys_give_mean_of_values") {
     const Tolerance tol = tolerance(k);
     int64_t zero_would_fail = 0;  // elements where an all-zero output is caught: the check can fail
     for (const Outputs& o : all_impls(k)) {
-      CAPTURE(o.impl);
+      CAPTURE(to_string(o.id));
       for (int b = 0; b < cfg.batch; ++b)
         for (int i = 0; i < cfg.s_q; ++i) {
           const int64_t visible = cfg.seqlens[size_t(b)] - cfg.s_q + i + 1;
@@ -170,7 +170,7 @@ TEST_CASE("reference.closed_form.zero_query_gives_uniform_weights") {
     for (double& x : k.tensors[q].data) x = 0;
   const Tolerance tol = tolerance(k);
   for (const Outputs& o : all_impls(k)) {
-    CAPTURE(o.impl);
+    CAPTURE(to_string(o.id));
     for (int b = 0; b < cfg.batch; ++b)
       for (int i = 0; i < cfg.s_q; ++i)
         for (int h = 0; h < cfg.heads; ++h) {
@@ -187,7 +187,7 @@ TEST_CASE("reference.closed_form.empty_sequence") {
   for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
     const Case k = generate_case(test::tiny_config(Profile::BF16, {0, 3}, 1, norm, test::seed(33)));
     for (const Outputs& o : all_impls(k)) {
-      CAPTURE(o.impl);
+      CAPTURE(to_string(o.id));
       for (int h = 0; h < k.cfg.heads; ++h) {
         CHECK(o.tensors.at("lse").at({0, 0, h}) == -INFINITY);
         for (int j = 0; j < k.cfg.d_v; ++j) CHECK(o.tensors.at("out").at({0, 0, h, j}) == 0.0);

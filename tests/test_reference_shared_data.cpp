@@ -40,7 +40,7 @@ void check_file(const std::string& name) {
   const Outputs ab = ref::ref_absorbed(f.k, d);
   for (const Outputs* o : {&ex, &ab})
     for (const char* t : {"out", "lse", "alpha_q", "latent_out", "alpha_k"}) {
-      CAPTURE(o->impl);
+      CAPTURE(to_string(o->id));
       CAPTURE(t);
       CHECK(max_rel(o->tensors.at(t), f.refs.at(std::string("ref.") + t)) <= 1e-12);
     }

@@ -56,7 +56,7 @@ TEST_CASE("report.contexts.one_column_per_context_one_line_per_implementation") 
   for (const auto& row : j["at"][1]["rows"])
     if (row["impl"] == "cpu.explicit.bf16" && row["tensor"] == "out")
       for (const Row& r : s.at[1].rows)
-        if (r.impl == "cpu.explicit.bf16" && r.tensor == "out")
+        if (to_string(r.impl) == "cpu.explicit.bf16" && r.tensor == "out")
           CHECK(row["rel_l2"].get<double>() == r.m.rel_l2);
 }
 
@@ -120,7 +120,7 @@ TEST_CASE("report.contexts.gpu_model_legend_names_its_split_plan") {
     Report r;
     r.cfg = config_for(find_preset("paper-decode"), n);
     Row row;
-    row.impl = "gpu.model.bf16", row.profile = "bf16", row.tensor = "out";
+    row.impl = parse_impl_id("gpu.model.bf16"), row.profile = "bf16", row.tensor = "out";
     row.m.rel_l2 = 1e-3, row.m.max_ulp = 2;
     r.rows.push_back(row);
     s.at.push_back(r);

@@ -9,8 +9,9 @@
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
 #include "cli/provenance.hpp"
+#include "core/impl_id.hpp"
+#include "gate/kill_matrix.hpp"
 #include "gate/run_gate.hpp"
-#include "harness/impl_id.hpp"
 #include "impl/mutants.hpp"
 #include "io/safetensors.hpp"
 
@@ -110,63 +111,16 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   return [f, command_line] {
-    GateConfig c = load_config(f->config);
-    std::vector<GateEntry> kept;
-    for (GateEntry e : c.entries) {
-      bool has_mutants = false;
-      for (const std::string& p : e.impls)
-        for (const impl::Mutant& m : impl::mutants())
-          has_mutants |= id_matches(p, parse_impl_id("mutant." + m.name));
-      if (!has_mutants) continue;
-      e.profiles = f->profiles;
-      kept.push_back(e);
-    }
-    if (kept.empty()) throw ConfigError("config", "no [[entry]] with mutant.* implementations");
-    c.entries = kept;
-    const GateResults r = run_gate(c, 1, 1, f->threads);
-    nlohmann::ordered_json cells = nlohmann::json::array();
-    std::string table = fmt::format("{:<26}", "mutant");
-    for (const std::string& p : f->profiles) table += fmt::format(" {:<40}", p);
-    table += "\n";
-    const std::vector<GateCase> tc = r.testcases();
-    int survived = 0;
-    for (const impl::Mutant& m : impl::mutants()) {
-      const std::string& name = m.name;
-      table += fmt::format("{:<26}", name);
-      for (const std::string& p : f->profiles) {
-        nlohmann::ordered_json cell = {{"mutant", name}, {"profile", p}};
-        const GateCase* found = nullptr;
-        for (const GateCase& g : tc)
-          if (g.mutant == name && g.profile == p) found = &g;
-        std::string shown;
-        if (found && found->ok) {
-          cell["status"] = "killed", cell["by"] = found->metric, cell["scenario"] = found->scenario;
-          shown = fmt::format("killed ({}, {})", found->metric, found->scenario);
-        } else if (found) {
-          cell["status"] = "survived", cell["detail"] = found->message;
-          shown = "SURVIVED";
-          ++survived;
-        } else {
-          std::string why = "no case of the matrix exposes it";
-          for (const NotApplicable& n : r.not_applicable)
-            if (n.mutant == name && n.profile == p) why = n.reason;
-          cell["status"] = "not_applicable", cell["reason"] = why;
-          shown = "n/a: " + why;
-        }
-        table += fmt::format(" {:<40}", shown.substr(0, 40));
-        cells.push_back(cell);
-      }
-      table += "\n";
-    }
+    const GateConfig c = mutant_entries(load_config(f->config), f->profiles);
+    const std::vector<KillCell> cells = kill_matrix(run_gate(c, 1, 1, f->threads), f->profiles);
+    const std::string how = provenance(command_line, f->threads);
     const std::string text =
-        f->format == "json" ? nlohmann::ordered_json{{"how", provenance(command_line, f->threads)},
-                                                     {"cells", cells}}
-                                      .dump(1) +
-                                  "\n"
-                            : "Made by " + provenance(command_line, f->threads) + ".\n\n" + table +
-                                  fmt::format("{} cells survived\n", survived);
+        f->format == "json"
+            ? nlohmann::ordered_json{{"how", how}, {"cells", kill_matrix_json(cells)}}.dump(1) +
+                  "\n"
+            : "Made by " + how + ".\n\n" + kill_matrix_table(cells, f->profiles);
     if (const int rc = write_output(text, f->output)) return rc;
-    return survived == 0 ? 0 : 1;
+    return survived(cells) == 0 ? 0 : 1;
   };
 }
 

@@ -5,12 +5,13 @@
 #include <string>
 
 #include "core/case.hpp"
+#include "core/impl_id.hpp"
 #include "core/tensor.hpp"
 
 namespace qkmla {
 
 struct Outputs {
-  std::string impl;                       // e.g. "ref.explicit", "cpu.absorbed.bf16"
+  ImplId id;  // printed by to_string: "ref.explicit", "cpu.absorbed.bf16"
   std::map<std::string, Tensor> tensors;  // "out", "lse", "alpha_q", "alpha_k", "latent_out"
   // Multiprecision results only: the remainder x - double(x) of each value, so that two
   // reference runs can be compared to ~106 bits.

@@ -78,17 +78,9 @@ std::vector<ImplId> wanted_ids(const GateEntry& entry, const MlaConfig& cfg) {
 
 GateCase mutant_case(const GateEntry& entry, const GateJob& job, const Outputs& o,
                      const std::vector<Judged>& judged) {
-  const ImplId id = parse_impl_id(o.impl);
-  GateCase g{entry.name,
-             o.impl,
-             job.label,
-             id.name,
-             to_string(job.cfg.profile),
-             job.cfg.scenario,
-             entry.expect_pass,
-             false,
-             "",
-             "",
+  const ImplId id = o.id;
+  GateCase g{entry.name,       to_string(o.id),   job.label, id.name, to_string(job.cfg.profile),
+             job.cfg.scenario, entry.expect_pass, false,     "",      "",
              o.seconds};
   double worst = 0;
   for (const Judged& j : judged) {
@@ -148,12 +140,12 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
   }
   out.push_back(refcase);
   for (const Outputs& o : impls) {
-    if (std::find(wanted.begin(), wanted.end(), parse_impl_id(o.impl)) == wanted.end()) continue;
-    const auto b = bounds.find(o.impl);
-    const std::string design = to_string(design_of(parse_impl_id(o.impl), k.cfg.profile));
+    if (std::find(wanted.begin(), wanted.end(), o.id) == wanted.end()) continue;
+    const auto b = bounds.find(to_string(o.id));
+    const std::string design = to_string(design_of(o.id, k.cfg.profile));
     // A run is never part of its own yardstick: a cpu.* row is the forward-order sample of its
     // design and variant, left out (alpha_k_bf16 is the default variant of its own design).
-    const ImplId id = parse_impl_id(o.impl);
+    const ImplId& id = o.id;
     const SampleId self{0, id.variant == Variant::AlphaKBf16 ? Variant::Default : id.variant};
     const bool is_sample = id.family == Family::Cpu;
     std::map<std::string, double> baseline;
@@ -163,14 +155,13 @@ std::vector<GateCase> run_job(const GateConfig& c, const GateJob& job, const Cas
     }
     const std::vector<Judged> judged = judge_outputs(c.rule, k, truth, o, c.tensors, baseline,
                                                      b == bounds.end() ? nullptr : &b->second);
-    if (parse_impl_id(o.impl).family ==
-        Family::Mutant) {  // one testcase per mutant: ok when the gate kills it
+    if (o.id.family == Family::Mutant) {  // one testcase per mutant: ok when the gate kills it
       out.push_back(mutant_case(entry, job, o, judged));
       continue;
     }
     for (const Judged& j : judged) {
       GateCase g{entry.name,
-                 o.impl,
+                 to_string(o.id),
                  job.label + "/" + j.tensor,
                  "",
                  profile,

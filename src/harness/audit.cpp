@@ -143,7 +143,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                      "not a golden case: no reference tensors (make one with qkmla golden)");
   const MlaConfig& c = cf.k.cfg;
   AuditResult res;
-  res.impl = "audit." + o.label;
+  res.id.family = Family::Audit, res.id.name = o.label;
   res.case_path = case_path;
   res.cfg = c;
   const bool kernel = c.level == Level::Kernel;
@@ -193,7 +193,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
     JudgeInput in;
-    in.subject = {res.impl, c.preset, c.scenario, to_string(c.profile), name};
+    in.subject = {res.id, c.preset, c.scenario, to_string(c.profile), name};
     in.x = &x;
     in.y = ref(name);
     in.mask = masks[name];

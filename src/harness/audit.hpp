@@ -53,7 +53,7 @@ struct TensorAudit {
 };
 
 struct AuditResult {
-  std::string impl;  // audit.<label>
+  ImplId id;  // audit.<label>
   std::string case_path;
   MlaConfig cfg;
   std::vector<TensorAudit> tensors;

@@ -26,8 +26,10 @@ std::string bitwise_summary(const Outputs& a, const Outputs& b) {
         first = fmt::format(" (first: {} flat {}: {:.9g} vs {:.9g})", name, i, ta[i], tb[i]);
   }
   if (differ == 0)
-    return fmt::format("{} vs {}: bit-identical on all {} elements", a.impl, b.impl, total);
-  return fmt::format("{} vs {}: {} of {} elements differ{}", a.impl, b.impl, differ, total, first);
+    return fmt::format("{} vs {}: bit-identical on all {} elements", to_string(a.id),
+                       to_string(b.id), total);
+  return fmt::format("{} vs {}: {} of {} elements differ{}", to_string(a.id), to_string(b.id),
+                     differ, total, first);
 }
 
 }  // namespace qkmla

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <limits>
 
-#include "harness/impl_id.hpp"
+#include "core/impl_id.hpp"
 #include "io/safetensors.hpp"
 #include "io/toml_text.hpp"
 
@@ -32,17 +32,6 @@ bool matches(const std::string& pattern, const std::string& value) {
   if (pattern == "*" || pattern == value) return true;
   return !pattern.empty() && pattern.back() == '*' &&
          value.rfind(pattern.substr(0, pattern.size() - 1), 0) == 0;
-}
-
-// Implementation patterns match structured ids (harness/impl_id.hpp); a subject that is no
-// parseable id (a free label) matches only "*" or an equal string.
-bool impl_matches(const std::string& pattern, const std::string& impl) {
-  if (pattern == "*" || pattern == impl) return true;
-  try {
-    return id_matches(pattern, parse_impl_id(impl));
-  } catch (const ConfigError&) {
-    return false;
-  }
 }
 
 double metric_value(const Metrics& m, const std::string& name, double baseline_ratio) {
@@ -173,7 +162,7 @@ Verdict judge(const GateRule& rule, const Subject& s, const Metrics& m, double b
   std::vector<std::pair<double, std::string>> ks;
   std::vector<const Budget*> matching;
   for (const Budget& b : rule.budgets) {
-    if (!impl_matches(b.impl, s.impl) || !matches(b.preset, s.preset) ||
+    if (!id_matches(b.impl, s.impl) || !matches(b.preset, s.preset) ||
         !matches(b.scenario, s.scenario) || !matches(b.profile, s.profile) ||
         !matches(b.tensor, s.tensor))
       continue;

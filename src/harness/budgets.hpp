@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "core/impl_id.hpp"
 #include "metrics/compare.hpp"
 
 namespace qkmla {
@@ -51,7 +52,8 @@ struct Verdict {
 
 // What a verdict is about (budgets match on these).
 struct Subject {
-  std::string impl, preset, scenario, profile, tensor;
+  ImplId impl;
+  std::string preset, scenario, profile, tensor;
 };
 
 // PASS iff nonfinite_mismatch == 0, every metric is a number, baseline_ratio <= k (when a

@@ -20,9 +20,9 @@ Golden make_golden(const Case& module_case, Level level, int ref_bits, const std
   for (const char* name : {"out", "lse", "alpha_q", "alpha_k", "latent_out", "q_latent"})
     if (const Outputs* t = g.truth.of(name))
       g.refs[std::string("ref.") + name] = t->tensors.at(name);
-  g.baseline_impl = b.impl;
+  g.baseline_impl = to_string(b.id);
   nlohmann::ordered_json j;
-  j["impl"] = b.impl;
+  j["impl"] = to_string(b.id);
   for (const auto& [name, t] : b.tensors) {
     const Outputs* ref = g.truth.of(name);
     if (!ref) continue;

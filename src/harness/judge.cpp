@@ -49,7 +49,7 @@ std::vector<Judged> judge_outputs(const GateRule& rule, const Case& k, const Tru
     const Outputs* ref = truth.of(t);
     if (!o.tensors.count(t) || !ref) continue;
     JudgeInput in;
-    in.subject = {o.impl, c.preset, c.scenario, to_string(c.profile), t};
+    in.subject = {o.id, c.preset, c.scenario, to_string(c.profile), t};
     in.x = &o.tensors.at(t);
     in.x_lo = o.lo.count(t) ? &o.lo.at(t) : nullptr;
     in.y = &ref->tensors.at(t);

@@ -19,7 +19,7 @@ ImplId cpu(Form f, Profile p, Variant v = Variant::Default) {
 }
 
 std::vector<Outputs> named(std::vector<Outputs> outs, const std::vector<ImplId>& ids) {
-  for (size_t n = 0; n < outs.size(); ++n) outs[n].impl = to_string(ids[n]);
+  for (size_t n = 0; n < outs.size(); ++n) outs[n].id = ids[n];
   return outs;
 }
 
@@ -274,7 +274,7 @@ std::map<std::string, Outputs> run_bounds(const Case& k, const std::vector<ImplI
       k, with,
       [&](const ImplFamily& f, const std::vector<ImplId>& ids) { return f.bounds(k, ids); });
   std::map<std::string, Outputs> out;
-  for (Outputs& o : got) out[o.impl] = std::move(o);
+  for (Outputs& o : got) out[to_string(o.id)] = std::move(o);
   return out;
 }
 

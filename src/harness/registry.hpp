@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/case.hpp"
+#include "core/impl_id.hpp"
 #include "core/outputs.hpp"
-#include "harness/impl_id.hpp"
 #include "impl/mutants.hpp"
 #include "reference/reference.hpp"
 

@@ -12,8 +12,8 @@
 
 #include "core/case.hpp"
 #include "core/design.hpp"
+#include "core/impl_id.hpp"
 #include "core/variant.hpp"
-#include "harness/impl_id.hpp"
 #include "metrics/structure.hpp"
 
 namespace qkmla {

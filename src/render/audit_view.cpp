@@ -48,8 +48,8 @@ std::string audit_text(const AuditResult& r, bool md) {
   const MlaConfig& c = r.cfg;
   std::string text =
       fmt::format("{}qkmla audit: {} against {}\n({} level, profile {}, preset {}, scenario {})\n",
-                  md ? "# " : "", r.impl, r.case_path, to_string(c.level), to_string(c.profile),
-                  c.preset, c.scenario);
+                  md ? "# " : "", to_string(r.id), r.case_path, to_string(c.level),
+                  to_string(c.profile), c.preset, c.scenario);
   if (!r.declared.empty()) text += "declared design (strict): " + r.declared + "\n";
   if (!r.missing.empty())
     text +=
@@ -100,7 +100,7 @@ std::string audit_text(const AuditResult& r, bool md) {
 
 std::string audit_json(const AuditResult& r) {
   nlohmann::ordered_json j;
-  j["impl"] = r.impl;
+  j["impl"] = to_string(r.id);
   j["case"] = r.case_path;
   j["verdict"] = r.pass() ? "PASS" : "FAIL";
   j["verdict_line"] = verdict_line(r);
@@ -168,11 +168,12 @@ std::string audit_junit(const AuditResult& r) {
     std::string why;
     for (const std::string& w : a.j.v.failed) why += (why.empty() ? "" : "; ") + w;
     if (!a.judged) continue;  // not judged: no testcase
-    cases.push_back({"qkmla.audit", r.impl, a.j.tensor, a.j.v.pass, 0.0, a.j.v.first_metric, why});
+    cases.push_back(
+        {"qkmla.audit", to_string(r.id), a.j.tensor, a.j.v.pass, 0.0, a.j.v.first_metric, why});
   }
   if (!r.nothing_judged.empty())
-    cases.push_back(
-        {"qkmla.audit", r.impl, "outputs", false, 0.0, "nothing_judged", r.nothing_judged});
+    cases.push_back({"qkmla.audit", to_string(r.id), "outputs", false, 0.0, "nothing_judged",
+                     r.nothing_judged});
   return junit_xml("qkmla.audit", cases);
 }
 

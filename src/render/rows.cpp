@@ -63,7 +63,7 @@ std::string cell(const Row& r, Col c, bool precise) {
   auto num = [precise](double v) { return precise ? fmt::format("{:.17g}", v) : qkmla::num(v); };
   switch (c) {
     case Col::Impl:
-      return r.impl;
+      return to_string(r.impl);
     case Col::Profile:
       return r.profile;
     case Col::Tensor:
@@ -101,7 +101,7 @@ std::string cell(const Row& r, Col c, bool precise) {
 }  // namespace
 
 Table rows_table(const std::vector<Row>& rows, const std::vector<Col>& cols, bool by_profile,
-                 bool precise) {
+                 bool precise, bool code_ids) {
   Table t;
   for (Col c : cols) t.header.push_back(header(c)), t.numeric.push_back(numeric(c));
   std::string last;
@@ -109,7 +109,9 @@ Table rows_table(const std::vector<Row>& rows, const std::vector<Col>& cols, boo
     if (by_profile && (i == 0 || rows[i].profile != last))
       t.sections.emplace_back(t.rows.size(), "profile " + (last = rows[i].profile));
     std::vector<std::string> r;
-    for (Col c : cols) r.push_back(cell(rows[i], c, precise));
+    for (Col c : cols)
+      r.push_back(c == Col::Impl && code_ids ? "`" + cell(rows[i], c, precise) + "`"
+                                             : cell(rows[i], c, precise));
     t.rows.push_back(std::move(r));
   }
   return t;
@@ -118,7 +120,8 @@ Table rows_table(const std::vector<Row>& rows, const std::vector<Col>& cols, boo
 nlohmann::ordered_json rows_json(const std::vector<Row>& rows) {
   nlohmann::ordered_json a = nlohmann::ordered_json::array();
   for (const Row& r : rows) {
-    nlohmann::ordered_json j = {{"impl", r.impl}, {"profile", r.profile}, {"tensor", r.tensor}};
+    nlohmann::ordered_json j = {
+        {"impl", to_string(r.impl)}, {"profile", r.profile}, {"tensor", r.tensor}};
     if (!r.label.empty()) j["case"] = r.label;
     j["max_abs"] = finite_or_null(r.m.max_abs);
     j["max_ulp"] = finite_or_null(r.m.max_ulp);

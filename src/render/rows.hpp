@@ -12,7 +12,8 @@
 namespace qkmla {
 
 struct Row {
-  std::string impl, profile, tensor;
+  ImplId impl;
+  std::string profile, tensor;
   std::string label;  // the case (gate), or empty
   Metrics m;
   double baseline_ratio =
@@ -43,9 +44,10 @@ enum class Col {
 };
 
 // Rows as a table with the given columns; with `by_profile`, a section per run of equal profiles.
-// `precise`: numbers with 17 significant digits (CSV for machines) instead of 3.
+// `precise`: numbers with 17 significant digits (CSV for machines) instead of 3; `code_ids`:
+// implementation ids as Markdown code.
 Table rows_table(const std::vector<Row>& rows, const std::vector<Col>& cols, bool by_profile,
-                 bool precise = false);
+                 bool precise = false, bool code_ids = false);
 // Every field of every row (non-finite numbers as null).
 nlohmann::ordered_json rows_json(const std::vector<Row>& rows);
 nlohmann::json finite_or_null(double v);

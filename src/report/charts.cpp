@@ -4,12 +4,6 @@
 
 namespace qkmla {
 
-std::string without_profile(const std::string& impl, const std::string& profile) {
-  const std::string mid = "." + profile;
-  const size_t at = impl.find(mid);
-  return at == std::string::npos ? impl : impl.substr(0, at) + impl.substr(at + mid.size());
-}
-
 namespace {
 
 Plot chart(const Report& r, const std::string& tensor) {
@@ -24,9 +18,11 @@ Plot chart(const Report& r, const std::string& tensor) {
   }
   std::map<std::string, size_t> series;
   for (const Row& row : r.rows) {
-    if (row.tensor != tensor || row.impl == "ref.absorbed" || !x.count(row.profile)) continue;
+    if (row.tensor != tensor || row.impl == ImplId{Family::Ref, Form::Absorbed} ||
+        !x.count(row.profile))
+      continue;
     if (!(row.m.rel_l2 > 0)) continue;  // exact: no point on a log scale
-    const std::string name = without_profile(row.impl, row.profile);
+    const std::string name = to_string(row.impl.without_profile());
     if (!series.count(name)) {
       series[name] = p.series.size();
       PlotSeries s;

@@ -12,10 +12,6 @@ namespace qkmla {
 
 std::vector<Plot> report_charts(const Report& r);  // out, then lse
 
-// An implementation's name without its profile part ("cpu.absorbed.bf16.alpha_q_folded" ->
-// "cpu.absorbed.alpha_q_folded"): one chart line across profiles or contexts.
-std::string without_profile(const std::string& impl, const std::string& profile);
-
 // The chart files for `path` (FILE.svg): FILE.svg for out, FILE-lse.svg for lse.
 std::vector<std::string> chart_paths(const std::string& path);
 

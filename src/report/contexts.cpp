@@ -48,7 +48,7 @@ ContextSweep run_context_sweep(const ReportOptions& base, const std::vector<int>
 namespace {
 
 // profile -> (impl, tensor) in first-seen order -> per context metrics.
-using Key = std::pair<std::string, std::string>;
+using Key = std::pair<ImplId, std::string>;  // implementation, tensor
 struct Series {
   std::vector<Key> order;
   std::map<Key, std::vector<const Metrics*>> m;
@@ -104,7 +104,7 @@ std::string render_context_table(const ContextSweep& s, const std::string& how, 
     t.sections.emplace_back(t.rows.size(), "profile " + p);
     const Series& x = series.at(p);
     for (const Key& k : x.order) {
-      std::vector<std::string> cells = {k.first, k.second};
+      std::vector<std::string> cells = {to_string(k.first), k.second};
       for (const Metrics* m : x.m.at(k)) cells.push_back(m ? num(m->rel_l2) : "-");
       for (const Metrics* m : x.m.at(k)) cells.push_back(m ? num(m->max_ulp) : "-");
       t.rows.push_back(std::move(cells));
@@ -159,9 +159,10 @@ std::vector<std::pair<std::string, Plot>> context_charts(const ContextSweep& s) 
       plot.log_x = true;
       const Series& x = series.at(p);
       for (const Key& k : x.order) {
-        if (k.second != "out" || k.first == "ref.absorbed") continue;  // ~1e-33: off the chart
+        if (k.second != "out" || k.first == ImplId{Family::Ref, Form::Absorbed})
+          continue;  // ~1e-33: off the chart
         PlotSeries line;
-        line.name = without_profile(k.first, p);
+        line.name = to_string(k.first.without_profile());
         line.dashed = line.name == "cpu.explicit";
         if (line.name == "gpu.model") {  // its split-KV plan changes with the context
           std::string plans;

@@ -96,9 +96,9 @@ std::string render_markdown(const Report& r, const std::string& how, const Repor
                   case_line(r.cfg) + "\n\n**How it was made:** " + how +
                   "\n\n**Reference (ref.explicit, Boost.Multiprecision/MPFR):**\n\n" +
                   reference_lines(r, "- ") + "\n" + kColumnsNote + "\n\n";
-  std::vector<Row> rows = view_rows(r, v);
-  for (Row& row : rows) row.impl = "`" + row.impl + "`";
-  s += to_markdown(rows_table(rows, v.wide ? kWideCols : kNarrowCols, true), "## Profile ");
+  const std::vector<Row> rows = view_rows(r, v);
+  s += to_markdown(rows_table(rows, v.wide ? kWideCols : kNarrowCols, true, false, true),
+                   "## Profile ");
   if (!r.notes.empty()) s += "\n**Notes:**\n\n";
   for (const std::string& n : r.notes) s += "- " + n + "\n";
   s += fmt::format("\nTotal wall time {:.1f} s.\n", r.total_seconds);

@@ -52,7 +52,7 @@ bool wanted(const ImplId& id, const ReportOptions& o) {
 // run is one sample of a noisy ratio (fp32 lse: 5.2): its ratio is left empty and `qkmla gate`
 // judges it with the fuller ensemble of harness/yardstick.hpp.
 struct DesignRun {
-  std::string impl;
+  ImplId impl;
   std::map<std::string, double> rel_l2;
 };
 
@@ -60,10 +60,10 @@ std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run,
                                                           const Truth& truth) {
   std::map<std::string, std::vector<DesignRun>> out;
   for (const Outputs& o : run.impls) {
-    const ImplId id = parse_impl_id(o.impl);
+    const ImplId& id = o.id;
     if (id.family != Family::Cpu && id.family != Family::GpuModel) continue;
     out[to_string(design_of(id, run.k.cfg.profile))].push_back(
-        {o.impl, rel_l2_of(run.k, truth, o, kTensors)});
+        {o.id, rel_l2_of(run.k, truth, o, kTensors)});
   }
   return out;
 }
@@ -71,7 +71,7 @@ std::map<std::string, std::vector<DesignRun>> design_runs(const ProfileRun& run,
 std::map<std::string, double> leave_one_out(const std::vector<DesignRun>& runs, const Outputs& o) {
   std::map<std::string, std::pair<double, int>> acc;
   for (const DesignRun& d : runs) {
-    if (d.impl == o.impl) continue;
+    if (d.impl == o.id) continue;
     for (const auto& [t, e] : d.rel_l2) acc[t].first += e * e, acc[t].second += 1;
   }
   std::map<std::string, double> out;
@@ -86,12 +86,12 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
   std::map<std::string, double>
       explicit_err;  // tensor -> rel_l2 of cpu.explicit: absorption's cost
   for (const Outputs& o : run.impls)
-    if (parse_impl_id(o.impl).family == Family::Cpu && parse_impl_id(o.impl).form == Form::Explicit)
+    if (o.id.family == Family::Cpu && o.id.form == Form::Explicit)
       explicit_err = rel_l2_of(run.k, truth, o, kTensors);
   const auto by_design = design_runs(run, truth);
   for (const Judged& j : judge_outputs(rule, run.k, truth, truth.absorbed_p, kTensors, {}))
     if (truth.of(j.tensor) != &truth.absorbed_p)  // the equivalence row: measured, not judged
-      rows.push_back({truth.absorbed_p.impl,
+      rows.push_back({truth.absorbed_p.id,
                       to_string(p),
                       j.tensor,
                       "",
@@ -102,13 +102,13 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
                       false,
                       {}});
   for (const Outputs& o : run.impls) {
-    const std::string design = to_string(design_of(parse_impl_id(o.impl), p));
+    const std::string design = to_string(design_of(o.id, p));
     const std::map<std::string, double> ys = by_design.count(design)
                                                  ? leave_one_out(by_design.at(design), o)
                                                  : std::map<std::string, double>{};
     for (const Judged& j : judge_outputs(rule, run.k, truth, o, kTensors, ys)) {
-      Row row{o.impl,           to_string(p), j.tensor,  "",   j.m,
-              j.baseline_ratio, std::nan(""), o.seconds, true, j.v};
+      Row row{o.id,         to_string(p), j.tensor, "", j.m, j.baseline_ratio,
+              std::nan(""), o.seconds,    true,     j.v};
       if (explicit_err.count(j.tensor))
         row.vs_explicit = baseline_ratio(j.m.rel_l2, explicit_err.at(j.tensor),
                                          baseline_floor(o.tensors.at(j.tensor).dtype));
@@ -124,16 +124,7 @@ void add_quant_rows(Report& rep, const Case& fp8, const Truth& t8, const Truth& 
   ImplId id;
   id.family = Family::Quant, id.profile = Profile::FP8;
   for (const std::string t : {"out", "lse"}) {
-    Row row{to_string(id),
-            to_string(Profile::FP8),
-            t,
-            "",
-            {},
-            std::nan(""),
-            std::nan(""),
-            0.0,
-            false,
-            {}};
+    Row row{id, to_string(Profile::FP8), t, "", {}, std::nan(""), std::nan(""), 0.0, false, {}};
     row.m = compare(t8.explicit_p.tensors.at(t), t16.explicit_p.tensors.at(t), DType::BF16,
                     valid_mask(fp8, t), &t8.explicit_p.lo.at(t), &t16.explicit_p.lo.at(t));
     rep.rows.push_back(std::move(row));
@@ -154,8 +145,8 @@ void add_device_runs(std::vector<ProfileRun>& runs, Report& rep, const ReportOpt
     try {
       for (Outputs& d : run_impls(r.k, device)) {
         for (const Outputs& m : r.impls) {
-          const ImplId mid = parse_impl_id(m.impl);
-          if (mid.family == Family::GpuModel && mid.form == parse_impl_id(d.impl).form)
+          const ImplId mid = m.id;
+          if (mid.family == Family::GpuModel && mid.form == d.id.form)
             rep.notes.push_back(bitwise_summary(d, m));
         }
         r.impls.push_back(std::move(d));

@@ -7,31 +7,14 @@
 #include <map>
 #include <set>
 
-#include "harness/impl_id.hpp"
+#include "core/impl_id.hpp"
 #include "render/rows.hpp"
 
 namespace qkmla {
 
 namespace {
 
-// The implementation's name without its profile: cpu.absorbed.bf16.gamma_merged -> gamma_merged
-// within the profile's own lines.
-std::string short_name(const std::string& impl, const std::string& profile) {
-  const std::string mid = "." + profile;
-  const size_t at = impl.find(mid);
-  if (at == std::string::npos) return impl;
-  std::string s = impl.substr(0, at) + impl.substr(at + mid.size());
-  return s;
-}
-
 bool starts(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
-// Shorter still, for the summary's columns: cpu.absorbed.bf16.gamma_merged ->
-// absorbed.gamma_merged.
-std::string brief(const std::string& impl, const std::string& profile) {
-  const std::string s = short_name(impl, profile);
-  return starts(s, "cpu.") ? s.substr(4) : s;
-}
 
 std::string conclusion(const ProfileSummary& s) {
   std::string head = s.profile + ": ";
@@ -59,27 +42,31 @@ std::vector<ProfileSummary> summarize(const Report& r) {
     std::vector<std::string> order;
     for (const Row& row : r.rows) {
       if (row.profile != s.profile) continue;
-      if (row.impl == "ref.absorbed") equiv = std::max(equiv, row.m.rel_l2);
-      const std::string name = short_name(row.impl, s.profile);
-      if (row.tensor == "out" && name == "cpu.absorbed") s.absorbed_out = row.m.rel_l2;
-      if (row.tensor == "out" && name == "cpu.explicit") s.explicit_out = row.m.rel_l2;
+      const ImplId& id = row.impl;
+      if (id == ImplId{Family::Ref, Form::Absorbed}) equiv = std::max(equiv, row.m.rel_l2);
+      const bool cpu_default = id.family == Family::Cpu && id.variant == Variant::Default;
+      if (row.tensor == "out" && cpu_default && id.form == Form::Absorbed)
+        s.absorbed_out = row.m.rel_l2;
+      if (row.tensor == "out" && cpu_default && id.form == Form::Explicit)
+        s.explicit_out = row.m.rel_l2;
       if (!row.judged) continue;
-      if (!pass.count(row.impl)) order.push_back(row.impl), pass[row.impl] = true;
-      pass[row.impl] = pass[row.impl] && row.v.pass;
+      const std::string name = to_string(id.without_profile());
+      if (!pass.count(name)) order.push_back(name), pass[name] = true;
+      pass[name] = pass[name] && row.v.pass;
       if (std::isnan(row.baseline_ratio)) continue;
       WorstRow* w = nullptr;
       for (WorstRow& x : s.worst)
         if (x.tensor == row.tensor) w = &x;
-      if (!w) s.worst.push_back({row.tensor, "", -1}), w = &s.worst.back();
+      if (!w) s.worst.push_back({row.tensor, {}, -1}), w = &s.worst.back();
       if (row.baseline_ratio > w->ratio) w->impl = row.impl, w->ratio = row.baseline_ratio;
     }
     s.equivalence_bits = equiv > 0 ? -std::log2(equiv) : std::numeric_limits<double>::infinity();
     s.judged = int(order.size());
-    for (const std::string& impl : order)
-      if (pass[impl])
+    for (const std::string& name : order)
+      if (pass[name])
         ++s.passed;
       else
-        s.failed.push_back(short_name(impl, s.profile));
+        s.failed.push_back(name);
     s.conclusion = conclusion(s);
     out.push_back(std::move(s));
   }
@@ -115,7 +102,7 @@ std::string summary_text(const Report& r) {
                    "pass", "worst out (ratio)", "worst lse (ratio)");
   auto worst = [](const ProfileSummary& p, const char* t) {
     for (const WorstRow& w : p.worst)
-      if (w.tensor == t) return fmt::format("{} {:.2f}", brief(w.impl, p.profile), w.ratio);
+      if (w.tensor == t) return fmt::format("{} {:.2f}", brief(w.impl), w.ratio);
     return std::string("-");
   };
   for (const ProfileSummary& p : all) {
@@ -134,7 +121,8 @@ nlohmann::ordered_json summary_json(const Report& r) {
   for (const ProfileSummary& p : summarize(r)) {
     nlohmann::ordered_json worst = nlohmann::ordered_json::array();
     for (const WorstRow& w : p.worst)
-      worst.push_back({{"tensor", w.tensor}, {"impl", w.impl}, {"baseline_ratio", w.ratio}});
+      worst.push_back(
+          {{"tensor", w.tensor}, {"impl", to_string(w.impl)}, {"baseline_ratio", w.ratio}});
     a.push_back({{"profile", p.profile},
                  {"agreeing_bits", p.agreeing_bits},
                  {"required_bits", p.required_bits},

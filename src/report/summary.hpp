@@ -12,8 +12,9 @@
 namespace qkmla {
 
 struct WorstRow {
-  std::string tensor, impl;  // impl: the row's implementation
-  double ratio = 0;          // its baseline_ratio (the largest of the profile for that tensor)
+  std::string tensor;
+  ImplId impl;       // the row's implementation
+  double ratio = 0;  // its baseline_ratio (the largest of the profile for that tensor)
 };
 
 struct ProfileSummary {

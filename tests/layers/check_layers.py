@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Layer rules of README "Layout": every #include of a project header must point to the same folder
-or to a layer below. Also: no string surgery on implementation ids (harness/impl_id.hpp parses and
+or to a layer below. Also: no string surgery on implementation ids (core/impl_id.hpp parses and
 prints them). Exit 1 with one line per violation."""
 import pathlib
 import re

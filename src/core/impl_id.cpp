@@ -1,4 +1,4 @@
-#include "harness/impl_id.hpp"
+#include "core/impl_id.hpp"
 
 #include <vector>
 
@@ -65,6 +65,11 @@ std::string to_string(const ImplId& id) {
       return "quant" + suffix(id.profile);
   }
   return "?";
+}
+
+std::string brief(const ImplId& id) {
+  if (id.family == Family::Cpu) return form_name(id.form) + suffix(id.variant);
+  return to_string(id.without_profile());
 }
 
 ImplId parse_impl_id(const std::string& text) {

@@ -29,11 +29,14 @@ struct ImplId {
   std::string name;  // the mutant's name, or the audit label
   std::optional<Profile> profile;
 
-  ImplId with_profile(Profile p) const {
+  ImplId with_profile(std::optional<Profile> p) const {
     ImplId x = *this;
     x.profile = p;
     return x;
   }
+  // The id within its profile's own lines: cpu.absorbed.bf16.gamma_merged ->
+  // cpu.absorbed.gamma_merged
+  ImplId without_profile() const { return with_profile(std::nullopt); }
   bool operator==(const ImplId& o) const {
     return family == o.family && form == o.form && variant == o.variant && name == o.name &&
            profile == o.profile;
@@ -41,6 +44,11 @@ struct ImplId {
 };
 
 std::string to_string(const ImplId& id);
+// Ordered as printed (ids as map keys).
+inline bool operator<(const ImplId& a, const ImplId& b) { return to_string(a) < to_string(b); }
+// Shorter still, for a summary's columns: a CPU implementation without family and profile
+// (absorbed.gamma_merged); any other id without its profile.
+std::string brief(const ImplId& id);
 // Throws ConfigError("impl", ...) naming the id and what is wrong with it.
 ImplId parse_impl_id(const std::string& text);
 
