@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "core/design.hpp"
 #include "harness/audit.hpp"
 #include "io/case_io.hpp"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "cli/provenance.hpp"
 #include "gpu/bench_sweep.hpp"
 #include "gpu/qkmla_gpu.hpp"

@@ -8,6 +8,7 @@
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "cli/provenance.hpp"
 #include "core/generator.hpp"
 #include "harness/resources.hpp"

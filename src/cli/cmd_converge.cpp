@@ -5,6 +5,7 @@
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "cli/provenance.hpp"
 #include "harness/converge.hpp"
 #include "harness/resources.hpp"

@@ -2,13 +2,13 @@
 // with what it cost: wall time, peak memory and how far from the machine's limit it ran. The
 // long-context benchmark (reports/long_context.sh) runs it at 32k-256k tokens.
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <chrono>
 #include <memory>
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "cli/progress.hpp"
 #include "cli/provenance.hpp"
 #include "core/generator.hpp"
@@ -28,22 +28,6 @@ struct ReferenceFlags {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_maxrss) * 1024.0;  // Linux: kilobytes
-}
-
-// Memory the truth of a streamed case holds: the case as doubles, each run's logits (one MPFR
-// value of ~64 B per visible row x token), the cached product blocks; 2x margin on the logits.
-double reference_peak_bytes(const MlaConfig& c) {
-  int64_t tokens = 0;
-  for (int t : c.seqlens) tokens += t;
-  const double rows = double(c.s_q) * c.heads;
-  return 200e6 + double(tokens) * 8.0 * (c.latent_rank + c.d_r) + double(tokens) * rows * 128.0 +
-         double(c.latent_rank) * c.groups * (c.d_c + c.d_v) * 16.0;
 }
 
 }  // namespace

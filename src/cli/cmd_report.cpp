@@ -13,63 +13,24 @@
 
 #include "cli/case_flags.hpp"
 #include "cli/commands.hpp"
+#include "cli/output.hpp"
 #include "cli/progress.hpp"
 #include "cli/provenance.hpp"
-#include "core/presets.hpp"
 #include "harness/resources.hpp"
 #include "io/safetensors.hpp"
+#include "render/presets_view.hpp"
 #include "report/charts.hpp"
 #include "report/contexts.hpp"
 #include "report/report.hpp"
 
 namespace qkmla::cli {
 
-// Checked after the last byte: a full disk (or /dev/full) fails at flush or close, not at open.
-int write_output(const std::string& text, const std::string& path, const std::string& flag) {
-  if (path.empty()) {
-    std::cout << text << std::flush;
-    if (std::cout) return 0;
-    std::cerr << "qkmla: standard output cannot be written (" << std::strerror(errno) << ")\n";
-    return 2;
-  }
-  std::ofstream o(path);
-  if (o) {
-    o << text;
-    o.close();
-  }
-  if (!o) {
-    std::cerr << "qkmla: " << flag << " " << path << ": cannot be written (" << std::strerror(errno)
-              << ")\n";
-    return 2;
-  }
-  return 0;
-}
-
 Runner add_presets(CLI::App& app) {
   auto format = std::make_shared<std::string>("table");
   auto* cmd = app.add_subcommand("presets", "list the model presets and their dims");
   cmd->add_option("--format", *format, "table|json")->check(CLI::IsMember({"table", "json"}));
   return [format] {
-    std::string s;
-    if (*format == "json") {
-      s = "[";
-      for (size_t i = 0; i < presets().size(); ++i) {
-        const Preset& p = presets()[i];
-        s += fmt::format(
-            "{}{{\"name\": \"{}\", \"heads\": {}, \"groups\": {}, \"latent_rank\": {}, \"d_c\": "
-            "{}, "
-            "\"d_r\": {}, \"d_v\": {}}}",
-            i ? ", " : "", p.name, p.heads, p.groups, p.latent_rank, p.d_c, p.d_r, p.d_v);
-      }
-      s += "]\n";
-    } else {
-      s = fmt::format("{:<18} {:>4} {:>4} {:>5} {:>5} {:>5} {:>5}  {}\n", "preset", "H", "G", "r",
-                      "d_c", "d_r", "d_v", "notes");
-      for (const Preset& p : presets())
-        s += fmt::format("{:<18} {:>4} {:>4} {:>5} {:>5} {:>5} {:>5}  {}\n", p.name, p.heads,
-                         p.groups, p.latent_rank, p.d_c, p.d_r, p.d_v, p.notes);
-    }
-    std::cout << s;
+    std::cout << (*format == "json" ? presets_json() : presets_table());
     return 0;
   };
 }

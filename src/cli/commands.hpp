@@ -26,8 +26,4 @@ Runner add_bench(CLI::App& app, const std::string& command_line);
 std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::string& how,
                          const std::string& device, const gpu::BenchOptions& o, bool md);
 
-// Writes text to path, or to stdout when path is empty. 0, or 2 when the file cannot be written.
-int write_output(const std::string& text, const std::string& path,
-                 const std::string& flag = "--output");
-
 }  // namespace qkmla::cli

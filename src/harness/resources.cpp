@@ -38,6 +38,20 @@ double case_peak_bytes(const MlaConfig& c) {
          rows * tokens / std::max(1, c.batch) * 120.0;
 }
 
+double reference_peak_bytes(const MlaConfig& c) {
+  int64_t tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  const double rows = double(c.s_q) * c.heads;
+  return 200e6 + double(tokens) * 8.0 * (c.latent_rank + c.d_r) + double(tokens) * rows * 128.0 +
+         double(c.latent_rank) * c.groups * (c.d_c + c.d_v) * 16.0;
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) * 1024.0;  // Linux: kilobytes
+}
+
 // Not fitted: an upper estimate from the sizes certify allocates (reference/certify.cpp), so that
 // a case far beyond the machine is refused before it starts instead of failing in an allocation.
 // An mpq_rational holds two GMP integers: 32 B of headers plus their limbs, ~100 B here.

@@ -20,6 +20,14 @@ struct ResourceError : std::runtime_error {
 // logits), validated on held-out shapes by reports/memory_model.sh.
 double case_peak_bytes(const MlaConfig& c);
 
+// Peak bytes of the truth alone (`qkmla reference`), which streams: the case as doubles, each
+// run's logits (one MPFR value of ~64 B per visible row x token), the cached product blocks; 2x
+// margin on the logits.
+double reference_peak_bytes(const MlaConfig& c);
+
+// This process's peak resident set so far.
+double peak_rss_bytes();
+
 // Peak bytes of `qkmla certify` on one case: case_peak_bytes plus what certify holds whole for
 // one sequence at a time (it never streams): its exact key and value products at the whole-product
 // rate, the two forms' rational alpha_k per token and group, and the Gram check's c^T and
