@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the project in one prepared run on a lent GPU: at most 7 minutes, at most 8
-# files under $OUT. Uses the bundle made beforehand by gpu/prepare_device_bundle.sh (built here,
+# files under $OUT. Uses the bundle made beforehand by gpu/scripts/prepare_device_bundle.sh (built here,
 # where the Debian libraries are; its binaries find the bundled libraries through an $ORIGIN
 # rpath, so nothing else on the machine sees them), carried as build-device/:
 #   device run: command "bash gpu/device_check.sh", carry ["build-device"], timeout_s 480
@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 rm -f "$OUT/steps.jsonl"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 TEE_PID=$!
-source "$(dirname "$0")/device_steps.sh"
+source "$(dirname "$0")/scripts/device_steps.sh"
 # Limits (s): 15 + 110 + 4 x 20 + 80 + 40 + 15 + 45 = 385, + 9 x 3 s grace = 412 s < 7 minutes.
 L_PREFLIGHT=${QKMLA_LIMIT_PREFLIGHT:-15} L_BITS=${QKMLA_LIMIT_BITS:-110}
 L_SAN=${QKMLA_LIMIT_SANITIZER:-20} L_BENCH=${QKMLA_LIMIT_BENCH:-80} L_NCU=${QKMLA_LIMIT_NCU:-40}
@@ -56,7 +56,7 @@ stop() {  # a failed preflight: say why, loudly, and stop before any step
 # --- preflight -------------------------------------------------------------------------------
 echo "== device_check at $(date -u +%FT%TZ), bundle $B, commit $(cat "$B/COMMIT" 2> /dev/null)"
 for f in "$T" "$Q" "$P" "$B/COMMIT" "$B/CUDA_RUNTIME"; do
-  [ -e "$f" ] || stop "the bundle lacks $f (run gpu/prepare_device_bundle.sh here and carry $B)"
+  [ -e "$f" ] || stop "the bundle lacks $f (run gpu/scripts/prepare_device_bundle.sh here and carry $B)"
 done
 command -v "$SMI" > /dev/null || stop "$SMI not found: no NVIDIA driver on this machine"
 gpus=$(timeout -k 2 10 "$SMI" -L 2>&1)

@@ -2,8 +2,8 @@
 // point says so; the CPU model (model.cpp) is always built.
 #include <stdexcept>
 
-#include "bench_sweep.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/bench/bench_sweep.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

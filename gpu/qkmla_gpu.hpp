@@ -4,8 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "emulator.hpp"
-#include "stages.hpp"
+#include "gpu/dims.hpp"
 
 namespace qkmla::gpu {
 
@@ -52,12 +51,6 @@ struct SplitInfo {
   int pages_per_split = 0, max_splits = 0, page_tokens = 0;
 };
 SplitInfo split_info(const Dims& d, const std::vector<int>& seqlens, const RunOptions& o);
-
-// The device pipeline with the kernels compiled as host C++ and run by the fiber emulator
-// (emulator.hpp): the kernels' own code, its launch shapes and arguments, on any machine. Slow
-// (every thread a fiber): tiny and short cases only. Throws emu::KernelFault on a divergent
-// barrier or an incomplete warp shuffle.
-GpuOutputs run_emulated(const GpuCase& c, const RunOptions& o, const emu::LaunchOptions& e = {});
 
 // True when a CUDA device can run the kernels; otherwise `why` says what is missing (no toolkit at
 // build time, no device, no driver).

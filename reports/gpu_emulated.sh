@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates reports/gpu-emulated.md: the device test's whole bit-for-bit matrix with the kernels
-# run by the CPU emulator (gpu/emulator.hpp) in three thread orders, against the CPU model.
+# run by the CPU emulator (gpu/emulator/emulator.hpp) in three thread orders, against the CPU model.
 # Usage: bash reports/gpu_emulated.sh [build-dir]   (about 5 CPU-minutes per order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,10 @@ flags=$(grep '^CXX_FLAGS' "$build/gpu/CMakeFiles/qkmla_gpu.dir/flags.make" | cut
   echo "# The CUDA kernels on the CPU emulator, against their CPU model"
   echo
   echo "Made by \`reports/gpu_emulated.sh\` on $(date -u +%Y-%m-%d) at commit $commit, $($cxx --version | head -1),"
-  echo "flags \`$flags\` (the kernels compiled as host C++ through \`gpu/host_cuda.hpp\`), on $(nproc)"
+  echo "flags \`$flags\` (the kernels compiled as host C++ through \`gpu/kernels/host_cuda.hpp\`), on $(nproc)"
   echo "cores of $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')."
-  echo "No GPU: every CUDA thread is a fiber of \`gpu/emulator.hpp\`; the buffers, launch shapes and"
-  echo "arguments are \`gpu/pipeline.hpp\`'s, the same the device runs. Each run compares \`out\`, \`lse\`,"
+  echo "No GPU: every CUDA thread is a fiber of \`gpu/emulator/emulator.hpp\`; the buffers, launch shapes and"
+  echo "arguments are \`gpu/kernels/pipeline.hpp\`'s, the same the device runs. Each run compares \`out\`, \`lse\`,"
   echo "\`latent_out\`, \`alpha_q\` and \`alpha_k\` bit for bit (NaN = NaN) with \`gpu.model\`. The matrix is"
   echo "\`gpu_device_tests bits\`'s (fp32, bf16, fp16, fp8; S_q 1/2/4; both norms; both forms; forced split"
   echo "lengths 1 and 3 and the default plan at 132 SMs; T_b = 0 rows; tiny, paper-decode and paper-g8)"

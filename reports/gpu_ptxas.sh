@@ -2,7 +2,7 @@
 # Regenerates reports/gpu-ptxas.md: recompiles the CUDA sources of build/ and tabulates ptxas -v.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-touch gpu/device_pipeline.cu gpu/bench.cu
+touch gpu/kernels/device_pipeline.cu gpu/bench/bench.cu
 cmake --build build --target qkmla_gpu 2>&1 | grep -A3 "ptxas info    : Compiling entry" | grep -E "Compiling|spill|Used" |
   paste - - - | sed 's/ptxas info    : //g' > /tmp/qkmla-ptxas.txt
 python3 - <<'PY'

@@ -1,5 +1,5 @@
 // gpu.bench.*: `qkmla bench --sweep`'s definition and JSON-lines output, with a fake timer in
-// place of the device (gpu/bench_sweep.hpp).
+// place of the device (gpu/bench/bench_sweep.hpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "gpu/bench_sweep.hpp"
+#include "gpu/bench/bench_sweep.hpp"
 
 using namespace qkmla::gpu;
 

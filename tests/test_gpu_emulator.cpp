@@ -1,12 +1,14 @@
-// gpu.emulator.*: the fiber emulator that runs the CUDA kernels on the CPU (gpu/emulator.hpp), and
-// gpu.emulated.*: the kernels' pipeline run by it against the CPU model.
+// gpu.emulator.*: the fiber emulator that runs the CUDA kernels on the CPU
+// (gpu/emulator/emulator.hpp), and gpu.emulated.*: the kernels' pipeline run by it against the CPU
+// model.
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "gpu/kernels.cuh"  // compiled here as host C++: warp_tree is the kernels' own butterfly
+#include "gpu/emulator/emulated.hpp"
+#include "gpu/kernels/kernels.cuh"  // compiled here as host C++: warp_tree is the kernels' own butterfly
 #include "gpu/qkmla_gpu.hpp"
 #include "helpers.hpp"
 #include "impl/gpu_impl.hpp"

@@ -1,4 +1,5 @@
-// gpu.math.*: the scalar arithmetic shared by the kernels and their CPU model (gpu/math.hpp).
+// gpu.math.*: the scalar arithmetic shared by the kernels and their CPU model
+// (gpu/kernels/math.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -7,7 +8,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "gpu/math.hpp"
+#include "gpu/kernels/math.hpp"
 #include "helpers.hpp"
 
 using namespace qkmla;

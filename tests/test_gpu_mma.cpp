@@ -1,4 +1,4 @@
-// gpu.mma.*: the parametrised MMA accumulation model and its fitter (gpu/mma_model.hpp), on
+// gpu.mma.*: the parametrised MMA accumulation model and its fitter (gpu/model/mma_model.hpp), on
 // synthetic probe files made by the model itself with known parameters.
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <random>
 
-#include "gpu/mma_model.hpp"
+#include "gpu/model/mma_model.hpp"
 
 using namespace qkmla::gpu::mma;
 

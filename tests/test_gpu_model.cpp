@@ -1,13 +1,13 @@
-// gpu.model.*: the kernels' CPU model (gpu/model.cpp) against the reference and against itself:
-// split boundaries, empty sequences, S_q, NaN-poisoned padding, closed forms, fp8 scales.
+// gpu.model.*: the kernels' CPU model (gpu/model/model.cpp) against the reference and against
+// itself: split boundaries, empty sequences, S_q, NaN-poisoned padding, closed forms, fp8 scales.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 
 #include "core/rng.hpp"
-#include "gpu/model_cache.hpp"
-#include "gpu/ordered_gemm.hpp"
+#include "gemm/ordered_gemm.hpp"
+#include "gpu/model/model_cache.hpp"
 #include "harness/budgets.hpp"
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
@@ -274,14 +274,14 @@ namespace {
 // the product and the add, or one fma per term.
 template <class T>
 std::vector<T> scalar_gemm(const std::vector<T>& X, int64_t rows, int n, const std::vector<T>& W,
-                           int64_t ld, int cols, gpu::Fused f) {
+                           int64_t ld, int cols, gemm::Fused f) {
   std::vector<T> Y(size_t(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
     for (int j = 0; j < cols; ++j) {
       T s = T(0);
       for (int l = 0; l < n; ++l) {
         const T x = X[size_t(i * n + l)], w = W[size_t(l * ld + j)];
-        s = f == gpu::Fused::Yes ? std::fma(x, w, s) : s + x * w;
+        s = f == gemm::Fused::Yes ? std::fma(x, w, s) : s + x * w;
       }
       Y[size_t(i * cols + j)] = s;
     }
@@ -302,7 +302,7 @@ int check_ordered_gemm(Rng& rng, const std::string& target) {
         for (T& x : X) x = T(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
         for (T& w : W) w = T(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
         if (rows > 1) std::fill(X.begin(), X.begin() + n, T(-0.0));
-        for (gpu::Fused f : {gpu::Fused::No, gpu::Fused::Yes}) {
+        for (gemm::Fused f : {gemm::Fused::No, gemm::Fused::Yes}) {
           CAPTURE(target);
           CAPTURE(rows);
           CAPTURE(n);
@@ -310,10 +310,10 @@ int check_ordered_gemm(Rng& rng, const std::string& target) {
           CAPTURE(int(f));
           const std::vector<T> want = scalar_gemm(X, rows, n, W, ld, cols, f);
           std::vector<T> got(want.size(), T(-1));
-          gpu::ordered_gemm(X.data(), rows, n, W.data(), ld, cols, got.data(), f);
+          gemm::ordered_gemm(X.data(), rows, n, W.data(), ld, cols, got.data(), f);
           REQUIRE(std::memcmp(got.data(), want.data(), want.size() * sizeof(T)) == 0);
-          if (f == gpu::Fused::Yes)
-            fused_differs += scalar_gemm(X, rows, n, W, ld, cols, gpu::Fused::No) != want;
+          if (f == gemm::Fused::Yes)
+            fused_differs += scalar_gemm(X, rows, n, W, ld, cols, gemm::Fused::No) != want;
         }
       }
   return fused_differs;
@@ -327,7 +327,7 @@ TEST_CASE("gpu.ordered_gemm.every_target_gives_the_scalar_loops_bits") {
   Rng rng(s);
   int targets = 0, fused_differs = 0;
   std::string names;
-  gpu::for_each_ordered_gemm_target([&](const std::string& target) {
+  gemm::for_each_ordered_gemm_target([&](const std::string& target) {
     ++targets;
     names += " " + target;
     fused_differs += check_ordered_gemm<float>(rng, target);
@@ -336,5 +336,5 @@ TEST_CASE("gpu.ordered_gemm.every_target_gives_the_scalar_loops_bits") {
   CHECK(targets >= 1);
   CHECK(fused_differs > 0);  // the cases tell fma from product-then-add (the test can fail)
   MESSAGE("ordered_gemm targets checked:" << names
-                                          << "; dispatched: " << gpu::ordered_gemm_target());
+                                          << "; dispatched: " << gemm::ordered_gemm_target());
 }

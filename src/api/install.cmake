@@ -6,7 +6,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(QKMLA_ARCHIVED qkmla_api qkmla_report qkmla_gate qkmla_render qkmla_harness qkmla_impl
-    qkmla_reference qkmla_gpu qkmla_io qkmla_metrics qkmla_core)
+    qkmla_reference qkmla_gpu qkmla_gemm qkmla_io qkmla_metrics qkmla_core)
 set(QKMLA_MERGED ${CMAKE_CURRENT_BINARY_DIR}/libqkmla.a)
 set(QKMLA_MRI "CREATE ${QKMLA_MERGED}\n")
 foreach(t ${QKMLA_ARCHIVED})

@@ -13,7 +13,7 @@
 #include "cli/commands.hpp"
 #include "cli/output.hpp"
 #include "cli/provenance.hpp"
-#include "gpu/bench_sweep.hpp"
+#include "gpu/bench/bench_sweep.hpp"
 #include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::cli {

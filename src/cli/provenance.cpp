@@ -8,7 +8,7 @@
 #include <ctime>
 
 #include "cli/build_commit.inc"
-#include "gpu/ordered_gemm.hpp"
+#include "gemm/ordered_gemm.hpp"
 #include "gpu/qkmla_gpu.hpp"
 #include "reference/slice_gemm.hpp"
 
@@ -45,7 +45,7 @@ std::string provenance(const std::string& command_line, int threads) {
   const std::string device =
       gpu::device_available(&why) ? gpu::device_description() : "CPU only (" + why + ")";
   // The instruction sets Highway chose on this CPU: they change the speed, never the values.
-  const std::string products = ref::slice_gemm_target(), projections = gpu::ordered_gemm_target();
+  const std::string products = ref::slice_gemm_target(), projections = gemm::ordered_gemm_target();
   const std::string simd = products == projections
                                ? products
                                : products + " (exact products), " + projections + " (projections)";

@@ -1,7 +1,7 @@
 // The two formulas every implementation shares, whatever its arithmetic (MPFR, fp64, fp32, the
 // error-bound type, CUDA): which cached tokens a query sees (conventions §1.1, §1.4) and how a
 // logit is assembled from its latent (content) and rope dot products (conventions §1.1, §1.2).
-// C++17 and dependency-free, so the CUDA kernels include it too (gpu/stages.hpp).
+// C++17 and dependency-free, so the CUDA kernels include it too (gpu/kernels/stages.hpp).
 #pragma once
 #include <cstdint>
 

@@ -10,7 +10,7 @@
 #include "core/case.hpp"
 #include "core/design.hpp"
 #include "core/rope.hpp"
-#include "gpu/ordered_gemm.hpp"
+#include "gemm/ordered_gemm.hpp"
 
 namespace qkmla::impl {
 
@@ -208,7 +208,7 @@ constexpr int64_t kProjectTokens = 256;
 template <class Acc>
 void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols, Acc* Y) {
   if constexpr (std::is_same_v<Acc, float> || std::is_same_v<Acc, double>) {
-    if (forward_order()) return gpu::ordered_gemm(X, rows, n, W, ld, cols, Y, gpu::Fused::No);
+    if (forward_order()) return gemm::ordered_gemm(X, rows, n, W, ld, cols, Y, gemm::Fused::No);
   }
   for (int64_t i = 0; i < rows * cols; ++i) Y[i] = 0;
   for (int64_t i = 0; i < rows; ++i)

@@ -13,7 +13,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 case "$what" in
   killed)
     OUT=$work
-    source "$root/gpu/device_steps.sh"
+    source "$root/gpu/scripts/device_steps.sh"
     step stall 2 "$work/stall.txt" "$bin" stall > "$work/shown.txt"
     cat "$work/steps.jsonl" "$work/stall.txt"
     grep -q '^{"step":"stall","rc":124,"seconds":[23],"limit":2}$' "$work/steps.jsonl" ||
@@ -30,7 +30,7 @@ case "$what" in
     echo '#error deliberately broken by tests/gpu/device_scripts.sh' >> "$src/src/core/dtype.cpp"
     mkdir -p "$src/build-device" && echo stale > "$src/build-device/COMMIT"
     rc=0
-    bash "$src/gpu/prepare_device_bundle.sh" > "$work/log.txt" 2>&1 || rc=$?
+    bash "$src/gpu/scripts/prepare_device_bundle.sh" > "$work/log.txt" 2>&1 || rc=$?
     tail -5 "$work/log.txt"
     [ "$rc" -ne 0 ] || fail "prepare_device_bundle.sh exited 0 on a broken build"
     grep -q "deliberately broken" "$work/log.txt" || fail "the compiler's error is not shown"

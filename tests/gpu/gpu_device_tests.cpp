@@ -10,7 +10,8 @@
 // Without a device (any machine, test gpu.emulated.bits):
 //   gpu_device_tests bits-emulated [forward|reverse|shuffled|interleaved]   the same matrix with
 //   the real
-//     shapes shortened, the kernels run by the CPU emulator (gpu/emulator.hpp) in that thread order
+//     shapes shortened, the kernels run by the CPU emulator (gpu/emulator/emulator.hpp) in that
+//     thread order
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <thread>
 
 #define DOCTEST_CONFIG_DISABLE  // helpers.hpp only; this runner is not a doctest binary
+#include "gpu/emulator/emulated.hpp"
 #include "gpu/qkmla_gpu.hpp"
 #include "helpers.hpp"
 #include "impl/gpu_impl.hpp"

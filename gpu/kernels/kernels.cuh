@@ -7,12 +7,12 @@
 #include <cuda_runtime.h>
 #define QK_SHARED(x) ((void)0)  // the emulator's __shared__ registration (host_cuda.hpp)
 #else
-#include "host_cuda.hpp"  // the CPU emulator (emulated_pipeline.cpp)
+#include "gpu/kernels/host_cuda.hpp"  // the CPU emulator (emulated_pipeline.cpp)
 #endif
 
 #include <cstdint>
 
-#include "stages.hpp"
+#include "gpu/kernels/stages.hpp"
 
 namespace qkmla::gpu {
 
@@ -185,4 +185,4 @@ __global__ void append_kernel(AppendArgs a) {
 
 }  // namespace qkmla::gpu
 
-#include "kernels_decode.cuh"
+#include "gpu/kernels/kernels_decode.cuh"

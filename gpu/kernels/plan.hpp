@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "stages.hpp"
+#include "gpu/kernels/stages.hpp"
 
 namespace qkmla::gpu {
 

@@ -10,7 +10,7 @@
 #include <functional>
 #include <string>
 
-namespace qkmla::gpu {
+namespace qkmla::gemm {
 
 enum class Fused { No, Yes };
 
@@ -27,4 +27,4 @@ std::string ordered_gemm_target();
 // restores the normal dispatch.
 void for_each_ordered_gemm_target(const std::function<void(const std::string&)>& f);
 
-}  // namespace qkmla::gpu
+}  // namespace qkmla::gemm

@@ -1,9 +1,9 @@
-// mma_fit FILE: fits gpu/mma_model.hpp's parameters to the tiles gpu/probe_mma wrote, per
+// mma_fit FILE: fits gpu/model/mma_model.hpp's parameters to the tiles gpu/probe_mma wrote, per
 // instruction kind, and prints the best set, its mismatches and whether it is the only exact one.
 #include <cstdio>
 #include <exception>
 
-#include "mma_model.hpp"
+#include "gpu/model/mma_model.hpp"
 
 using namespace qkmla::gpu::mma;
 

@@ -2,8 +2,8 @@
 #pragma once
 #include <vector>
 
-#include "plan.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/kernels/plan.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels.cuh"
+#include "gpu/kernels/kernels.cuh"
 
 namespace qkmla::gpu {
 

@@ -3,10 +3,10 @@
 // kernel, same data.
 #include <algorithm>
 
-#include "bench_sweep.hpp"
-#include "device_util.cuh"
-#include "plan.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/bench/bench_sweep.hpp"
+#include "gpu/kernels/device_util.cuh"
+#include "gpu/kernels/plan.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

@@ -1,5 +1,5 @@
-// The MMA probe's tiles and file format, shared by the probe (gpu/probe_mma.cu, host side) and the
-// CPU fitter (gpu/mma_model.hpp). Plain C++17, no CUDA.
+// The MMA probe's tiles and file format, shared by the probe (gpu/kernels/probe_mma.cu, host side)
+// and the CPU fitter (gpu/model/mma_model.hpp). Plain C++17, no CUDA.
 //
 // A tile is one m16n8k16 product D = A B + C: A [16 x 16] and B [16 x 8] as bf16 or fp16 bit
 // patterns (row-major, A[m][k], B[k][n]), C and D [16 x 8] fp32. The probe file is a sequence of
@@ -7,7 +7,7 @@
 //   u8 kind (MmaKind), u8 class (TileClass), u16 zero, u16 A[256], u16 B[128], f32 C[128], f32
 //   D[128]
 // (wgmma m64n8k16 writes its four 16-row slices as four tiles). Each output element d[m][n] is one
-// 16-term dot product plus c[m][n]: what gpu/mma_model.hpp models and fits.
+// 16-term dot product plus c[m][n]: what gpu/model/mma_model.hpp models and fits.
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "emulator.hpp"
+#include "gpu/emulator/emulator.hpp"
 
 #define __global__
 #define __device__

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "model_cache.hpp"
-#include "plan.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/kernels/plan.hpp"
+#include "gpu/model/model_cache.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

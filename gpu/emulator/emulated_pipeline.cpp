@@ -6,8 +6,9 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels.cuh"
-#include "pipeline.hpp"
+#include "gpu/emulator/emulated.hpp"
+#include "gpu/kernels/kernels.cuh"
+#include "gpu/kernels/pipeline.hpp"
 
 namespace qkmla::gpu {
 

@@ -1,5 +1,6 @@
 // A parametrised bit-exact model of one tensor-core MMA instruction's fp32 accumulation, and a
-// fitter that finds the parameters from the raw tiles gpu/probe_mma.cu writes (gpu/mma_tiles.hpp).
+// fitter that finds the parameters from the raw tiles gpu/kernels/probe_mma.cu writes
+// (gpu/model/mma_tiles.hpp).
 //
 // Model of one output element d = c + sum_k a_k b_k (k = 0..15), as tensor cores are described
 // (Fasi et al. 2021; Li et al. 2024): every product a_k b_k is exact; the terms are summed in
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "mma_tiles.hpp"
+#include "gpu/model/mma_tiles.hpp"
 
 namespace qkmla::gpu::mma {
 
@@ -43,7 +44,7 @@ struct MmaRecord {
 };
 std::vector<MmaRecord> records(const Tile& t);
 
-// The probe file (gpu/mma_tiles.hpp): read (throws on a short or malformed file) and written.
+// The probe file (gpu/model/mma_tiles.hpp): read (throws on a short or malformed file) and written.
 std::vector<Tile> read_probe(const std::string& path);
 void write_probe(const std::string& path, const std::vector<Tile>& tiles);
 

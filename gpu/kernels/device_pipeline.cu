@@ -1,8 +1,8 @@
 // run_on_device: the pipeline (pipeline.hpp) on device 0 through CUDA memory and launches.
 #include <atomic>
 
-#include "device_util.cuh"
-#include "pipeline.hpp"
+#include "gpu/kernels/device_util.cuh"
+#include "gpu/kernels/pipeline.hpp"
 
 namespace qkmla::gpu {
 

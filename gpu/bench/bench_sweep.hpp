@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "qkmla_gpu.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

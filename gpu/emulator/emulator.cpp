@@ -2,7 +2,7 @@
 // in the pass's order, until it blocks (at __syncthreads or a warp operation) or exits, and hands
 // over to the next one directly; then whole warps waiting in a warp operation complete it, and when
 // every thread waits at the barrier, the barrier opens. Anything else is a fault.
-#include "emulator.hpp"
+#include "gpu/emulator/emulator.hpp"
 
 #include <ucontext.h>
 

@@ -6,12 +6,12 @@
 # the commit (COMMIT), the CUDA runtime it was built with (CUDA_RUNTIME: the driver must support
 # at least that) and the kernels' ptxas register and spill summary (ptxas.txt). Both build folders are git-ignored; the device tool carries the bundle.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 W=build-device-work B=build-device
 # DT_RPATH (not RUNPATH): searched for the libraries' own dependencies too.
 cmake -S . -B "$W" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags > /dev/null
-touch gpu/device_pipeline.cu gpu/bench.cu  # recompile the kernels so that their ptxas summary is captured
+touch gpu/kernels/device_pipeline.cu gpu/bench/bench.cu  # recompile the kernels so that their ptxas summary is captured
 rm -rf "$B"  # no stale bundle survives a failed build
 # The whole build log is kept: a failed build stops here and shows the compiler's errors.
 if ! cmake --build "$W" -j2 --target qkmla gpu_device_tests probe_mma > "$W/build.log" 2>&1; then

@@ -1,6 +1,6 @@
-// probe_mma FILE: runs tensor-core MMAs on random and adversarial tiles (gpu/mma_tiles.hpp:
+// probe_mma FILE: runs tensor-core MMAs on random and adversarial tiles (gpu/model/mma_tiles.hpp:
 // cancellation, exponents far apart, subnormals) and writes every tile's raw inputs and outputs to
-// FILE for gpu/mma_fit (the bit-exact instruction model of gpu/mma_model.hpp). Instructions:
+// FILE for gpu/mma_fit (the bit-exact instruction model of gpu/model/mma_model.hpp). Instructions:
 // mma.sync.m16n8k16 bf16 and fp16 (sm_80+), wgmma.m64n8k16 bf16 with A in registers (sm_90a).
 // Before the probe tiles, integer tiles (every model gives their exact sum) check the fragment
 // layouts; wgmma's B descriptor is tried with both readings of its two strides and the one that
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/mma_model.hpp"
+#include "gpu/model/mma_model.hpp"
 
 using namespace qkmla::gpu::mma;
 

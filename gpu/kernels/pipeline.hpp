@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "plan.hpp"
-#include "qkmla_gpu.hpp"
+#include "gpu/kernels/plan.hpp"
+#include "gpu/qkmla_gpu.hpp"
 
 namespace qkmla::gpu {
 

@@ -1,7 +1,7 @@
 // ordered_gemm for each Highway target; foreach_target.h compiles this file once per target.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "gpu/ordered_gemm.cpp"
-#include "gpu/ordered_gemm.hpp"
+#define HWY_TARGET_INCLUDE "gemm/ordered_gemm.cpp"
+#include "gemm/ordered_gemm.hpp"
 
 #include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // must come before highway.h
@@ -11,7 +11,7 @@
 #include <cmath>
 
 HWY_BEFORE_NAMESPACE();
-namespace qkmla::gpu::HWY_NAMESPACE {
+namespace qkmla::gemm::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Register tile of Y: MR rows x NV vectors; 4 x 4 where there are 32 vector registers (AVX-512),
@@ -113,11 +113,11 @@ void GemmF64(const double* X, int64_t rows, int n, const double* W, int64_t ld, 
 
 int64_t Target() { return HWY_TARGET; }
 
-}  // namespace qkmla::gpu::HWY_NAMESPACE
+}  // namespace qkmla::gemm::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace qkmla::gpu {
+namespace qkmla::gemm {
 
 HWY_EXPORT(GemmF32);
 HWY_EXPORT(GemmF64);
@@ -147,5 +147,5 @@ void for_each_ordered_gemm_target(const std::function<void(const std::string&)>&
   hwy::SetSupportedTargetsForTest(0);
 }
 
-}  // namespace qkmla::gpu
+}  // namespace qkmla::gemm
 #endif

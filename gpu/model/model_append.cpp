@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "model_cache.hpp"
-#include "ordered_gemm.hpp"
+#include "gemm/ordered_gemm.hpp"
+#include "gpu/model/model_cache.hpp"
 
 namespace qkmla::gpu {
 
@@ -14,7 +14,7 @@ constexpr int kProjectTokens = 256;  // tokens projected at a time: memory indep
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)): each output is project()'s sum, fmaf
 // over l in order (ordered_gemm: SIMD across outputs only; the order per output is the kernel's).
 void project_rows(const float* X, int rows, int n, const float* W, int ld, int cols, float* Y) {
-  ordered_gemm(X, rows, n, W, ld, cols, Y, Fused::Yes);
+  gemm::ordered_gemm(X, rows, n, W, ld, cols, Y, gemm::Fused::Yes);
 }
 
 }  // namespace

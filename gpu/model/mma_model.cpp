@@ -1,5 +1,5 @@
-// gpu/mma_model.hpp: the MMA accumulation model, the probe file and the fitter.
-#include "mma_model.hpp"
+// gpu/model/mma_model.hpp: the MMA accumulation model, the probe file and the fitter.
+#include "gpu/model/mma_model.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
-// gpu/bench_sweep.hpp: the sweep and its JSON lines (no CUDA here).
-#include "bench_sweep.hpp"
+// gpu/bench/bench_sweep.hpp: the sweep and its JSON lines (no CUDA here).
+#include "gpu/bench/bench_sweep.hpp"
 
 #include <cmath>
 #include <cstdio>

@@ -3,11 +3,10 @@
 // mapping, the model calls it in loops. Proof steps: proofs/gpu_kernels.md (K.1-K.7).
 #pragma once
 #include "core/attention_math.hpp"
-#include "math.hpp"
+#include "gpu/dims.hpp"
+#include "gpu/kernels/math.hpp"
 
 namespace qkmla::gpu {
-
-enum class Store : int { F32 = 0, BF16 = 1, F16 = 2, E4M3 = 3 };
 
 // Value of x after storing it in format s (the bits the next stage reads back).
 QK_HD float round_store(Store s, float x) {
@@ -27,17 +26,6 @@ constexpr int kPage = 64;      // tokens per cache page (conventions §10)
 constexpr int kMaxRank = 512;  // r <= kMaxRank: the decode kernel keeps r / 256 columns per thread
 constexpr int kMaxRope = 64;
 constexpr int kRowsPerBlock = 16;  // query rows (i, h) per decode block
-
-// Everything the stages need to know about a case; plain data (copied to the device by value).
-struct Dims {
-  int B = 0, S_q = 0, H = 0, G = 0, r = 0, d_c = 0, d_r = 0, d_v = 0;
-  int t_max = 0;  // cache rows per sequence in the dense inputs
-  float eps = 0, scale = 0;
-  bool unified = false, norm_then_rope = true, interleaved = true, causal = true;
-  Store stored = Store::BF16,
-        cache = Store::BF16;  // cache: the latent cache's format (E4M3 in fp8)
-  QK_HD int group_of(int h) const { return h / (H / G); }
-};
 
 // K.1 query stage for one row (b, i, h) at position pos. Inputs as fp32 values of the stored bits.
 // Writes w [d_c] = q_nope (.) g_q (.) g_k (the vector projected by WK_g^T), the query rope part
