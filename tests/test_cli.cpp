@@ -25,6 +25,7 @@
 #include "impl/kernel_level.hpp"
 #include "io/case_io.hpp"
 #include "io/safetensors.hpp"
+#include "render/table.hpp"
 
 namespace {
 
@@ -108,6 +109,31 @@ TEST_CASE("cli.presets_lists_dims") {
   CHECK(r.code == 0);
   CHECK(r.out.find("paper-decode") != std::string::npos);
   CHECK(r.out.find("kimi-k2") != std::string::npos);
+  const Run j = run("presets --format json");  // valid JSON, one object per preset
+  const auto a = nlohmann::json::parse(j.out);
+  REQUIRE(a.is_array());
+  CHECK(a.size() == qkmla::presets().size());
+  CHECK(a[0]["latent_rank"] == qkmla::presets()[0].latent_rank);
+}
+
+TEST_CASE("cli.output.wrap_lines_keeps_100_columns_and_every_word") {
+  const std::string longer = "  reference for bf16: " + std::string(30, 'x') + " agrees " +
+                             std::string(90, 'y') + " " + std::string(120, 'z') + " end";
+  const std::string w = qkmla::wrap_lines("short line\n" + longer + "\n");
+  std::vector<std::string> lines;
+  for (size_t at = 0, e; at < w.size(); at = e + 1) {
+    e = w.find('\n', at);
+    lines.push_back(w.substr(at, e - at));
+  }
+  REQUIRE(lines.size() == 5);  // the final newline kept, no empty line added
+  CHECK(lines[0] == "short line");
+  CHECK(lines[1] == "  reference for bf16: " + std::string(30, 'x') + " agrees");
+  CHECK(lines[2] == "    " + std::string(90, 'y'));   // continuation: indent + 2
+  CHECK(lines[3] == "    " + std::string(120, 'z'));  // a word longer than the width stays whole
+  CHECK(lines[4] == "    end");
+  CHECK(w.back() == '\n');
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (i != 3) CHECK(lines[i].size() <= 100);
 }
 
 namespace {
@@ -189,7 +215,8 @@ TEST_CASE("cli.audit.nothing_judged_and_design_table") {
   r = run("audit " + bf + " " + g.dir + "/bf16_out.safetensors --no-diagnose --budgets " + g.dir +
           "/design.toml");
   CHECK(r.code == 1);
-  CHECK(r.out.find("declared design (strict): form=absorbed,q=fp32") != std::string::npos);
+  CHECK(r.out.find("declared design (strict):") != std::string::npos);
+  CHECK(r.out.find("form=absorbed,q=fp32,rope=fp32") != std::string::npos);
   CHECK(r.out.find("without the declaration:") != std::string::npos);
   std::ofstream(g.dir + "/bad_design.toml") << "[design]\nq_latent = \"fp9\"\n";
   r = run("audit " + g.gcase + " " + g.outs + " --budgets " + g.dir + "/bad_design.toml");

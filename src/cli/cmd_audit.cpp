@@ -10,6 +10,7 @@
 #include "io/outputs_io.hpp"
 #include "io/safetensors.hpp"
 #include "render/audit_view.hpp"
+#include "render/table.hpp"
 
 namespace qkmla::cli {
 
@@ -75,7 +76,9 @@ Runner add_audit(CLI::App& app, const std::string&) {
         run_audit(cf, f->case_path, read_outputs(f->outputs_path), f->outputs_path, f->o);
     if (!f->junit.empty())
       if (const int rc = write_output(audit_junit(r), f->junit, "--junit")) return rc;
-    const std::string text = f->format == "json" ? audit_json(r) : audit_text(r, f->format == "md");
+    const std::string text = f->format == "json" ? audit_json(r)
+                             : f->format == "md" ? audit_text(r, true)
+                                                 : wrap_lines(audit_text(r, false));
     if (const int rc = write_output(text, f->output)) return rc;
     return r.pass() ? 0 : 1;
   };

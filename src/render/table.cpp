@@ -121,4 +121,27 @@ std::string to_html(const Table& t) {
   return s + "</table>\n";
 }
 
+std::string wrap_lines(const std::string& text, size_t width) {
+  std::string out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    const std::string indent(std::min(line.find_first_not_of(' '), line.size()) + 2, ' ');
+    while (line.size() > width) {
+      size_t cut = line.rfind(' ', width);
+      if (cut == std::string::npos || cut < indent.size()) cut = line.find(' ', width);
+      const size_t rest = cut == std::string::npos ? cut : line.find_first_not_of(' ', cut);
+      if (rest == std::string::npos) break;  // one word too long, or trailing spaces: kept
+      out += line.substr(0, cut) + "\n";
+      line = indent + line.substr(rest);
+    }
+    out += line;
+    if (end < text.size()) out += "\n";
+    at = end + 1;
+  }
+  return out;
+}
+
 }  // namespace qkmla

@@ -25,4 +25,9 @@ std::string to_html(const Table& t);
 // Numbers for people: 3 significant digits, "-" for NaN, "0" for zero.
 std::string num(double v);
 
+// Every line longer than `width` broken at spaces, its continuation lines indented two columns
+// past the line's own indent (terminal output: 100 columns unless the user asks for --wide). A
+// word longer than the width stays whole.
+std::string wrap_lines(const std::string& text, size_t width = 100);
+
 }  // namespace qkmla

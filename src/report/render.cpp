@@ -88,7 +88,7 @@ std::string render_table(const Report& r, const std::string& how, const ReportVi
   for (const std::string& n : r.notes) s += "note: " + n + "\n";
   s += "case: " + case_line(r.cfg) + "\n" + how + "\n" + reference_lines(r, "  ");
   s += fmt::format("total {:.1f} s\n", r.total_seconds);
-  return s;
+  return v.wide ? s : wrap_lines(s);  // 100 columns for a terminal
 }
 
 std::string render_markdown(const Report& r, const std::string& how, const ReportView& v) {
