@@ -21,7 +21,7 @@ __global__ void fill_kernel(typename Bits<S>::T* p, size_t n, float lo, float hi
     h ^= h >> 16;
     h *= 0x85ebca6bu;
     h ^= h >> 13;
-    p[i] = Bits<S>::enc(lo + (hi - lo) * (float(h) * 2.3283064365386963e-10f));
+    p[i] = Bits<S>::enc(add_rn(lo, mul_rn(hi - lo, mul_rn(float(h), 2.3283064365386963e-10f))));
   }
 }
 

@@ -153,7 +153,7 @@ __global__ void append_kernel(AppendArgs a) {
     for (int j = threadIdx.x; j < d.d_c; j += blockDim.x) {
       const auto* col = wk + size_t(g) * d.d_c + j;
       float k = project(crow, d.r, [&](int l) { return DB::ld(col[size_t(l) * d.G * d.d_c]); });
-      if (C == Store::E4M3) k = k * sc;
+      if (C == Store::E4M3) k = mul_rn(k, sc);
       key[j] = k;
     }
     __syncthreads();
@@ -166,11 +166,11 @@ __global__ void append_kernel(AppendArgs a) {
       auto* kout = static_cast<typename DB::T*>(a.k) + (slot * d.G + g) * d.d_c;
       auto* vout = static_cast<typename DB::T*>(a.v) + (slot * d.G + g) * d.d_v;
       for (int j = threadIdx.x; j < d.d_c; j += blockDim.x)
-        kout[j] = DB::enc((key[j] * a.g_k[j]) * alpha);
+        kout[j] = DB::enc(mul_rn(mul_rn(key[j], a.g_k[j]), alpha));
       for (int j = threadIdx.x; j < d.d_v; j += blockDim.x) {
         const auto* col = wv + size_t(g) * d.d_v + j;
         float v = project(crow, d.r, [&](int l) { return DB::ld(col[size_t(l) * d.G * d.d_v]); });
-        if (C == Store::E4M3) v = v * sc;
+        if (C == Store::E4M3) v = mul_rn(v, sc);
         vout[j] = DB::enc(v);
       }
     }

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
           const int tt = t1 + u;
           const size_t slot = base + size_t(tt);
           float lat = warp_tree(lp[u]);
-          if (a.kscale) lat = lat * a.kscale[slot];
+          if (a.kscale) lat = mul_rn(lat, a.kscale[slot]);
           const float rope = warp_tree(rp[u]);
           if (lane == 0) {  // the logit pass below forms the logit
             p_s[k][tt] = lat;
@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(DecodeArgs a)
       }
       __syncwarp();
       if (a.kscale) {
-        if (lane < n) p_s[k][lane] = p0 * a.kscale[base + lane];
-        if (lane + 32 < n) p_s[k][lane + 32] = p1 * a.kscale[base + lane + 32];
+        if (lane < n) p_s[k][lane] = mul_rn(p0, a.kscale[base + lane]);
+        if (lane + 32 < n) p_s[k][lane + 32] = mul_rn(p1, a.kscale[base + lane + 32]);
       }
     }
     __syncthreads();

@@ -27,6 +27,32 @@
 
 namespace qkmla::gpu {
 
+// One rounded product, sum or difference that no compiler contracts into an fma, whatever its
+// flags (__fmul_rn and friends are never contracted; nvcc's --fmad=false is then a second line of
+// defence, not the only one; the host build has -ffp-contract=off). tests/gpu/no_contraction.sh
+// checks the PTX of --fmad=true and --fmad=false agree.
+QK_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+QK_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+QK_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 QK_HD uint32_t f2u(float x) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(x);
@@ -86,7 +112,7 @@ QK_HD uint16_t float_to_half(float x) {
 QK_HD float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0) {
-    const float v = float(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    const float v = mul_rn(float(m), 5.9604644775390625e-8f);  // m * 2^-24, exact
     return sign ? -v : v;
   }
   if (e == 31) return u2f(sign | 0x7f800000u | (m << 13));
@@ -112,7 +138,7 @@ QK_HD float e4m3_to_float(uint8_t c) {
   float v;
   if ((c & 0x7fu) == 0x7fu) return qk_nan();
   if (e == 0)
-    v = float(m) * 0.001953125f;  // m * 2^-9
+    v = mul_rn(float(m), 0.001953125f);  // m * 2^-9
   else
     v = u2f(((e + 120u) << 23) | (m << 20));
   return (c & 0x80u) ? -v : v;
@@ -129,7 +155,7 @@ QK_HD float qk_exp(float x) {
   if (qk_isnan(x)) return x;
   if (!(x >= -87.33654f)) return 0.0f;
   if (x > 88.0f) return qk_inf();
-  const float n = rintf(x * 1.44269504f);
+  const float n = rintf(mul_rn(x, 1.44269504f));
   float r = fmaf(n, -0.693145751953125f, x);  // ln2 high part: 16 bits, n * hi exact
   r = fmaf(n, -1.428606765330187e-06f, r);    // ln2 low part
   float p = 1.0f / 5040.0f;
@@ -140,7 +166,7 @@ QK_HD float qk_exp(float x) {
   p = fmaf(p, r, 0.5f);
   p = fmaf(p, r, 1.0f);
   p = fmaf(p, r, 1.0f);
-  return p * u2f(uint32_t(int(n) + 127) << 23);
+  return mul_rn(p, u2f(uint32_t(int(n) + 127) << 23));
 }
 
 // log(x) for x > 0 (the kernels call it with softmax sums >= 1). log(1) = 0 exactly.
@@ -151,17 +177,19 @@ QK_HD float qk_log(float x) {
   if (x == 0.0f) return -qk_inf();
   if (x == qk_inf()) return x;
   int bias = 0;
-  if (x < 1.17549435e-38f) x *= 8388608.0f, bias = -23;  // subnormal input: scale by 2^23 exactly
+  if (x < 1.17549435e-38f)
+    x = mul_rn(x, 8388608.0f), bias = -23;  // subnormal input: scale by 2^23 exactly
   const uint32_t u = f2u(x);
   int e = int(u >> 23) - 127 + bias;
   float m = u2f((u & 0x7fffffu) | 0x3f800000u);
-  if (m > 1.41421356f) m *= 0.5f, e += 1;
-  const float f = (m - 1.0f) / (m + 1.0f), s = f * f;
+  if (m > 1.41421356f) m = mul_rn(m, 0.5f), e += 1;
+  const float f = (m - 1.0f) / (m + 1.0f), s = mul_rn(f, f);
   float p = 1.0f / 9.0f;
   p = fmaf(p, s, 1.0f / 7.0f);
   p = fmaf(p, s, 1.0f / 5.0f);
   p = fmaf(p, s, 1.0f / 3.0f);
-  const float lm = fmaf(2.0f * f * s, p, 2.0f * f);  // 2f + 2f s (1/3 + s/5 + ...)
+  const float lm =
+      fmaf(mul_rn(mul_rn(2.0f, f), s), p, mul_rn(2.0f, f));  // 2f + 2f s (1/3 + s/5 + ...)
   const float fe = float(e);
   return fmaf(fe, 0.693145751953125f, fmaf(fe, 1.428606765330187e-06f, lm));
 }
@@ -219,7 +247,7 @@ QK_HD float tree32(float* v) {
 
 // Rotation of pair (a, b) by (c, s): (a c - b s, a s + b c), each product rounded (no fma).
 QK_HD void rotate_pair(float& a, float& b, float c, float s) {
-  const float x = a * c - b * s, y = a * s + b * c;
+  const float x = sub_rn(mul_rn(a, c), mul_rn(b, s)), y = add_rn(mul_rn(a, s), mul_rn(b, c));
   a = x;
   b = y;
 }

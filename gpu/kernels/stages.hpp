@@ -39,17 +39,17 @@ QK_HD float query_row(const Dims& d, const float* q_nope, const float* q_pe, con
   if (d.unified) {
     if (!d.norm_then_rope && rotate) rope_rotate(q_rope, d.d_r, d.interleaved, cos_row, sin_row);
     alpha_q = inv_rms(sum_sq(q_nope, d.d_c) + sum_sq(q_rope, d.d_r), d.d_c + d.d_r, d.eps);
-    for (int j = 0; j < d.d_r; ++j) q_rope[j] = q_rope[j] * g_q[d.d_c + j];
+    for (int j = 0; j < d.d_r; ++j) q_rope[j] = mul_rn(q_rope[j], g_q[d.d_c + j]);
     if (d.norm_then_rope && rotate) rope_rotate(q_rope, d.d_r, d.interleaved, cos_row, sin_row);
   } else {
     alpha_q = inv_rms(sum_sq(q_nope, d.d_c), d.d_c, d.eps);
     if (!d.norm_then_rope && rotate) rope_rotate(q_rope, d.d_r, d.interleaved, cos_row, sin_row);
     const float a = inv_rms(sum_sq(q_rope, d.d_r), d.d_r, d.eps);
-    for (int j = 0; j < d.d_r; ++j) q_rope[j] = (q_rope[j] * g_rq[j]) * a;
+    for (int j = 0; j < d.d_r; ++j) q_rope[j] = mul_rn(mul_rn(q_rope[j], g_rq[j]), a);
     if (d.norm_then_rope && rotate) rope_rotate(q_rope, d.d_r, d.interleaved, cos_row, sin_row);
   }
   for (int j = 0; j < d.d_r; ++j) q_rope[j] = round_store(d.stored, q_rope[j]);
-  for (int j = 0; j < d.d_c; ++j) w[j] = (q_nope[j] * g_q[j]) * g_k[j];
+  for (int j = 0; j < d.d_c; ++j) w[j] = mul_rn(mul_rn(q_nope[j], g_q[j]), g_k[j]);
   return alpha_q;
 }
 
@@ -64,7 +64,8 @@ QK_HD float project(const float* x, int n, const LoadW& w) {
 // Explicit form: the stored normalized content query qc^ [d_c] (K.1 applied to q_nope alone).
 QK_HD void explicit_query_content(const Dims& d, const float* q_nope, const float* g_cq,
                                   float alpha_q, float* qc) {
-  for (int j = 0; j < d.d_c; ++j) qc[j] = round_store(d.stored, (q_nope[j] * g_cq[j]) * alpha_q);
+  for (int j = 0; j < d.d_c; ++j)
+    qc[j] = round_store(d.stored, mul_rn(mul_rn(q_nope[j], g_cq[j]), alpha_q));
 }
 
 // K.3 append, rope part of token t: the cached rope key [d_r] rounded to the stored format, and the
@@ -76,12 +77,12 @@ QK_HD float append_rope(const Dims& d, float* z, const float* g_rk, const float*
                     // un-normalized key
     if (!d.norm_then_rope) rope_rotate(z, d.d_r, d.interleaved, cos_row, sin_row);
     share = sum_sq(z, d.d_r);
-    for (int j = 0; j < d.d_r; ++j) z[j] = z[j] * g_rk[j];
+    for (int j = 0; j < d.d_r; ++j) z[j] = mul_rn(z[j], g_rk[j]);
     if (d.norm_then_rope) rope_rotate(z, d.d_r, d.interleaved, cos_row, sin_row);
   } else {
     if (!d.norm_then_rope) rope_rotate(z, d.d_r, d.interleaved, cos_row, sin_row);
     const float a = inv_rms(sum_sq(z, d.d_r), d.d_r, d.eps);
-    for (int j = 0; j < d.d_r; ++j) z[j] = (z[j] * g_rk[j]) * a;
+    for (int j = 0; j < d.d_r; ++j) z[j] = mul_rn(mul_rn(z[j], g_rk[j]), a);
     if (d.norm_then_rope) rope_rotate(z, d.d_r, d.interleaved, cos_row, sin_row);
   }
   for (int j = 0; j < d.d_r; ++j) z[j] = round_store(d.stored, z[j]);
@@ -106,7 +107,7 @@ QK_HD void explicit_key_content(const Dims& d, const float* key, const float* g_
 QK_HD float logit(const Dims& d, bool qk_norm, float alpha_q, float alpha_k, float latent,
                   float rope) {
   if (!qk_norm) return plain_logit(d.scale, latent, rope);
-  return latent_logit(d.unified, d.scale, alpha_q * alpha_k, latent, rope);
+  return latent_logit(d.unified, d.scale, mul_rn(alpha_q, alpha_k), latent, rope);
 }
 
 // Online-softmax state of one row within a split.
@@ -136,7 +137,7 @@ QK_HD float tile_finish(RowState& st, float m_new, float sum) {
     return 1.0f;
   }
   const float alpha = qk_exp(st.m - m_new);
-  st.l = st.l * alpha + sum;
+  st.l = add_rn(mul_rn(st.l, alpha), sum);  // rounded twice, as the model: never an fma
   st.m = m_new;
   return alpha;
 }

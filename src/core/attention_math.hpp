@@ -13,6 +13,16 @@
 
 namespace qkmla {
 
+// a * b rounded on its own: on a CUDA device a product the compiler may not contract with a
+// following add into an fma, whatever its --fmad flag (the CPU builds use -ffp-contract=off).
+template <class T>
+QKMLA_HD T product(const T& a, const T& b) {
+  return T(a * b);
+}
+#ifdef __CUDA_ARCH__
+QKMLA_HD float product(const float& a, const float& b) { return __fmul_rn(a, b); }
+#endif
+
 // Is cached token t of a sequence of T_b tokens visible to query i of s_q? The query sits at
 // pos(i) = T_b - s_q + i. `extra` widens the causal window (only the causal_off_by_one mutant
 // sets it). Slots t >= T_b are never visible.
@@ -26,15 +36,15 @@ QKMLA_HD bool token_visible(bool causal, int64_t T_b, int s_q, int i, int64_t t,
 // sigma s (latent + rope). Every implementation uses this order of operations.
 template <class T>
 QKMLA_HD T latent_logit(bool unified, const T& scale, const T& s, const T& latent, const T& rope) {
-  if (unified) return T(scale * (s * (latent + rope)));
-  return T(scale * (s * latent + rope));
+  if (unified) return product(scale, product(s, T(latent + rope)));
+  return product(scale, T(product(s, latent) + rope));
 }
 
 // The logit of a form whose keys and queries are already normalized (the explicit form, plain
 // MLA): sigma (content + rope) (E.5).
 template <class T>
 QKMLA_HD T plain_logit(const T& scale, const T& content, const T& rope) {
-  return T(scale * (content + rope));
+  return product(scale, T(content + rope));
 }
 
 }  // namespace qkmla
