@@ -6,6 +6,7 @@
 #include "cli/output.hpp"
 #include "core/design.hpp"
 #include "harness/audit.hpp"
+#include "harness/layouts.hpp"
 #include "io/case_io.hpp"
 #include "io/outputs_io.hpp"
 #include "io/safetensors.hpp"
@@ -17,7 +18,7 @@ namespace qkmla::cli {
 namespace {
 
 struct AuditFlags {
-  std::string case_path, outputs_path, budgets, junit, format = "table", output;
+  std::string case_path, outputs_path, budgets, junit, format = "table", output, layout = "dense";
   AuditOptions o;
 };
 
@@ -37,9 +38,15 @@ Runner add_audit(CLI::App& app, const std::string&) {
   cmd->add_option("--lse-base", f->o.lse_base, "base of the given lse: e or 2")
       ->check(CLI::IsMember({"e", "2"}))
       ->capture_default_str();
-  cmd->add_option("--empty-lse", f->o.empty_lse,
-                  "what the outputs hold for rows with no visible key: -inf, +inf or nan")
-      ->check(CLI::IsMember({"-inf", "+inf", "nan"}))
+  CLI::Option* empty_lse =
+      cmd->add_option("--empty-lse", f->o.empty_lse,
+                      "what the outputs hold for rows with no visible key: -inf, +inf or nan "
+                      "(default -inf; +inf with --layout flashmla)")
+          ->check(CLI::IsMember({"-inf", "+inf", "nan"}));
+  cmd->add_option("--layout", f->layout,
+                  "the outputs as FlashMLA (out, softmax_lse [B,H,S_q], +inf for empty rows) or "
+                  "FlashInfer (o, lse flattened) return them (docs/layouts.md)")
+      ->check(CLI::IsMember({"dense", "flashmla", "flashinfer"}))
       ->capture_default_str();
   cmd->add_option("--form", f->o.form,
                   "the audited implementation's form: absorbed or explicit (picks the yardstick)")
@@ -60,7 +67,7 @@ Runner add_audit(CLI::App& app, const std::string&) {
       ->check(CLI::IsMember({"table", "md", "json"}))
       ->capture_default_str();
   cmd->add_option("--output,-o", f->output, "write to FILE instead of stdout");
-  return [f] {
+  return [f, empty_lse] {
     const CaseFile cf = read_case(f->case_path);
     f->o.rule = default_rule();
     if (!f->budgets.empty()) apply_budget_file(f->o.rule, f->budgets);
@@ -72,8 +79,16 @@ Runner add_audit(CLI::App& app, const std::string&) {
         throw InputError(f->budgets, "design", e.what());
       }
     }
-    const AuditResult r =
-        run_audit(cf, f->case_path, read_outputs(f->outputs_path), f->outputs_path, f->o);
+    const Layout layout = parse_layout(f->layout);
+    if (layout != Layout::Dense && cf.k.cfg.level != Level::Kernel)
+      throw InputError(f->case_path, "level",
+                       "--layout " + f->layout + " audits a kernel-level case (golden --layout)");
+    if (layout == Layout::FlashMla && empty_lse->count() == 0)
+      f->o.empty_lse = "+inf";  // FlashMLA's convention for a row that sees no token
+    const AuditResult r = run_audit(
+        cf, f->case_path,
+        outputs_from_layout(cf.k.cfg, layout, read_outputs(f->outputs_path), f->outputs_path),
+        f->outputs_path, f->o);
     if (!f->junit.empty())
       if (const int rc = write_output(audit_junit(r), f->junit, "--junit")) return rc;
     const std::string text = f->format == "json" ? audit_json(r)

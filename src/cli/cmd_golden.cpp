@@ -12,6 +12,7 @@
 #include "core/generator.hpp"
 #include "harness/golden.hpp"
 #include "harness/inputs.hpp"
+#include "harness/layouts.hpp"
 #include "harness/resources.hpp"
 #include "io/case_io.hpp"
 
@@ -21,7 +22,8 @@ namespace {
 
 struct GoldenFlags {
   CaseFlags c;
-  std::string level = "module", output, inputs;
+  std::string level = "module", output, inputs, layout = "dense";
+  int page_size = 64;
   bool round_inputs = false;
   int ref_bits = 113;
 };
@@ -69,11 +71,26 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
          "else from shapes and dtypes; "
          "case flags given override)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--layout", f->layout,
+                  "also write the kernel-level inputs as FlashMLA or FlashInfer take them "
+                  "(docs/layouts.md; implies --level kernel)")
+      ->check(CLI::IsMember({"dense", "flashmla", "flashinfer"}))
+      ->capture_default_str();
+  cmd->add_option("--page-size", f->page_size, "tokens per cache page of --layout")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_flag("--round-inputs", f->round_inputs,
                 "with --inputs: round values the profile cannot store once (RNE) instead of "
                 "refusing them (recorded in the case)");
   return [f, command_line] {
     std::map<std::string, std::string> extra;
+    const Layout layout = parse_layout(f->layout);
+    if (layout != Layout::Dense) f->level = "kernel";  // a layout is a kernel's interface
+    if (layout == Layout::FlashMla && f->inputs.empty() &&
+        build_profiles(f->c, {Profile::BF16}) == std::vector<Profile>{Profile::FP8})
+      throw ConfigError("layout",
+                        "flashmla with the fp8 profile: FlashMLA's own fp8 cache format "
+                        "is not offered (docs/layouts.md)");
     const Case k = module_case(*f, extra);
     if (isatty(2))
       std::cerr << "[qkmla] golden: reference at P and its check at P + 64, baseline\n";
@@ -84,6 +101,10 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
           "qkmla golden: refused: reference agrees on {:.1f} bits < {:.0f}; raise --ref-bits\n",
           g.truth.agreeing_bits, g.truth.required_bits);
       return 1;
+    }
+    if (layout != Layout::Dense) {
+      for (auto& [name, t] : paged_inputs(g.k, layout, f->page_size)) g.k.tensors[name] = t;
+      g.metadata["qkmla.layout"] = f->layout + ", page_size " + std::to_string(f->page_size);
     }
     write_case(f->output, g.k, g.refs, g.metadata);
     std::cout << fmt::format(

@@ -145,6 +145,8 @@ void validate_case(const Case& k) {
   // Non-finite values in the read part of an input are refused: they would make every
   // comparison meaningless. Cache rows past T_b are unspecified and not read.
   for (const auto& [name, t] : k.tensors) {
+    // Paged copies (docs/layouts.md) poison their unfilled slots with NaN on purpose.
+    if (name.rfind("flashmla.", 0) == 0 || name.rfind("flashinfer.", 0) == 0) continue;
     if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" ||
         name == "alpha_k" || name == "kv_c_scale")
       continue;
