@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""layouts.paged_kernels: golden --layout and audit --layout end to end, judged on paged NumPy
+kernels written from docs/layouts.md alone (tests/zoo/paged_kernels.py).
+
+    check_layouts.py QKMLA_BINARY WORK_DIR [--seeds A-B]
+
+For each seed, layout (flashmla, flashinfer), profile (fp32, bf16, fp16, fp8; FlashMLA has no fp8
+here) and norm (blockwise, unified, none) drawn from the seed: the correct kernel must PASS
+(exit 0) and each integration bug must FAIL (exit 1) where it changes the outputs. Exit 1 on any
+false alarm or missed bug, with the seed and the command to reproduce it.
+"""
+import argparse
+import os
+import random
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERNELS = os.path.join(HERE, "..", "zoo", "paged_kernels.py")
+BUGS = {"flashmla": ["block_table_shift", "lse_transposed", "no_alpha", "reads_past_len"],
+        "flashinfer": ["block_table_shift", "lse_base2", "no_alpha", "reads_past_len"]}
+
+
+def same_outputs(a, b):
+    from safetensors.numpy import load_file
+    import numpy as np
+    try:
+        x, y = load_file(a), load_file(b)
+    except Exception:
+        return False
+    return x.keys() == y.keys() and all(
+        x[k].shape == y[k].shape and np.array_equal(x[k].view(np.uint8), y[k].view(np.uint8)) for k in x)
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("work")
+    ap.add_argument("--seeds", default="1-6")
+    a = ap.parse_args()
+    lo, hi = (int(x) for x in a.seeds.split("-"))
+    os.makedirs(a.work, exist_ok=True)
+    bad, audits = [], 0
+    for seed in range(lo, hi + 1):
+        rng = random.Random(seed)
+        layout = ["flashmla", "flashinfer"][seed % 2]
+        profile = rng.choice(["fp32", "bf16", "fp16"] + (["fp8"] if layout == "flashinfer" else []))
+        norm = rng.choice(["blockwise", "unified", "none"])
+        sq = rng.choice([1, 2])
+        seqlens = [rng.choice([0, sq, rng.randint(1, 90)]) for _ in range(3)] + [rng.randint(20, 150)]
+        page = rng.choice([4, 16, 64])
+        case = os.path.join(a.work, f"case{seed}.safetensors")
+        g = run([a.binary, "golden", "--preset", "tiny", "--profile", profile, "--norm", norm,
+                 "--sq", str(sq), "--batch", str(len(seqlens)),
+                 "--seqlens", ",".join(map(str, seqlens)), "--seed", str(seed), "--layout", layout,
+                 "--page-size", str(page), "-o", case])
+        if g.returncode != 0:
+            bad.append(f"seed {seed}: golden failed: {g.stderr.strip()}")
+            continue
+        for bug in [None] + [b for b in BUGS[layout] if not (b == "no_alpha" and norm == "none")]:
+            outs = os.path.join(a.work, f"out{seed}_{bug or 'correct'}.safetensors")
+            k = [sys.executable, KERNELS, case, outs, "--layout", layout] + (["--bug", bug] if bug else [])
+            r = run(k)
+            if r.returncode != 0:
+                bad.append(f"seed {seed} {layout} {bug}: kernel failed: {r.stderr.strip()[-300:]}")
+                continue
+            if bug and same_outputs(outs, os.path.join(a.work, f"out{seed}_correct.safetensors")):
+                continue  # the bug changes nothing on this case (one page, S_q = 1, ...)
+            au = run([a.binary, "audit", case, outs, "--layout", layout, "--label", bug or "correct"])
+            audits += 1
+            want = 0 if bug is None else 1
+            verdict = "PASS" if au.returncode == 0 else "FAIL" if au.returncode == 1 else f"exit {au.returncode}"
+            line = f"seed {seed} {layout} {profile} {norm} sq={sq} page={page} {bug or 'correct'}: {verdict}"
+            print(line)
+            if au.returncode != want:
+                bad.append(line + f"  (reproduce: {' '.join(k)}; qkmla audit {case} {outs} --layout {layout})"
+                           + ("\n" + au.stdout[-1500:] + au.stderr[-500:]))
+    print(f"{audits} audits, {len(bad)} unexpected")
+    for b in bad:
+        print("UNEXPECTED:", b)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

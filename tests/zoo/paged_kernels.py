@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Reference paged decode kernels in the FlashMLA and FlashInfer layouts.
+
+Written from docs/layouts.md only (plus docs/conventions.md sections 1.2 and 2), without reading
+qkmla's C++ sources, as an independent check of `qkmla golden --layout` / `qkmla audit --layout`.
+
+    paged_kernels.py CASE.safetensors OUT.safetensors --layout flashmla|flashinfer
+                     [--bug NAME] [--lse-base 2]
+    paged_kernels.py --self-test
+
+Only the tensors prefixed `flashmla.` / `flashinfer.` and the config in the metadata are read.
+Each sequence's pages are walked through the block table (flashmla) or kv_indptr/kv_indices
+(flashinfer); logits, a max-subtracted softmax, latent_out and lse are computed in float32
+(float64 when the stored dtype is float64).  --bug injects a plausible integration mistake.
+"""
+import argparse, json, math, struct, sys
+
+import ml_dtypes
+import numpy as np
+
+DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+      "F8_E4M3": ml_dtypes.float8_e4m3fn, "I64": np.int64, "I32": np.int32, "U8": np.uint8}
+DT_NAME = {np.dtype(v): k for k, v in DT.items()}
+BUGS = ["block_table_shift", "lse_transposed", "lse_base2", "no_alpha", "reads_past_len"]
+
+
+def load(path):
+    """Parse a safetensors file directly (bf16 and e4m3 included): (tensors, config)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {}) or {}
+    tensors = {}
+    for name, h in header.items():
+        a, b = h["data_offsets"]
+        tensors[name] = np.frombuffer(data[a:b], dtype=DT[h["dtype"]]).reshape(h["shape"]).copy()
+    return tensors, json.loads(meta.get("qkmla.config", "{}"))
+
+
+def save(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        raw = arr.tobytes()
+        header[name] = {"dtype": DT_NAME[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+
+
+def attend(ql, qr, aq, C, Kr, ak, pos, cfg, no_alpha=False):
+    """One query row (all heads) against the gathered tokens C [n,r], Kr [n,d_r], ak [n,G].
+
+    The row sees tokens t <= pos when causal; returns (latent_out [H,r], lse [H]) or None."""
+    H, G = cfg["heads"], cfg["groups"]
+    n = C.shape[0]
+    if cfg["causal"]:
+        n = max(0, min(n, pos + 1))
+    if n == 0:
+        return None
+    C, Kr = C[:n], Kr[:n]
+    acc = C.dtype
+    content = ql @ C.T                                     # [H, n]
+    rope = qr @ Kr.T                                       # [H, n]
+    if cfg["norm"] != "none" and not no_alpha:
+        a = aq[:, None] * ak[:n, np.arange(H) // (H // G)].T  # [H, n]: alpha_q * alpha_k[g(h)]
+    else:
+        a = np.ones((H, n), acc)
+    sigma = acc.type(cfg["softmax_scale"])
+    if cfg["norm"] == "unified":
+        s = sigma * a * (content + rope)
+    else:
+        s = sigma * (a * content + rope)
+    m = s.max(axis=1, keepdims=True)
+    e = np.exp(s - m)
+    tot = e.sum(axis=1, keepdims=True)
+    return (e / tot) @ C, (m + np.log(tot))[:, 0]
+
+
+def acc_type(stored):
+    return np.float64 if stored == np.float64 else np.float32
+
+
+def flashmla(t, cfg, bug=None):
+    q, kc, bt = t["flashmla.q"], t["flashmla.k_cache"], t["flashmla.block_table"]
+    acc = acc_type(q.dtype)
+    B, S, H, _ = q.shape
+    P, r = kc.shape[1], cfg["latent_rank"]
+    qf, kf = q.astype(acc), kc[:, :, 0, :].astype(acc)     # [NB, P, r + d_r]
+    norm = cfg["norm"] != "none"
+    aq = t["flashmla.alpha_q"].astype(acc) if norm else None
+    akc = t["flashmla.alpha_k_cache"].astype(acc) if norm else None
+    out = np.zeros((B, S, H, r), acc)
+    lse = np.full((B, S, H), np.inf, np.float32)           # [B, S_q, H] until written out
+    for b in range(B):
+        T = int(t["flashmla.cache_seqlens"][b])
+        npg = -(-T // P)
+        if bug == "block_table_shift":
+            pages = [bt[b, j + 1] if j + 1 < npg else bt[b, npg - 1] for j in range(npg)]
+        else:
+            pages = [bt[b, j] for j in range(npg)]
+        L = npg * P if bug == "reads_past_len" else T       # tokens the kernel believes it has
+        K = kf[pages].reshape(-1, kf.shape[-1])[:L]
+        ak = akc[pages].reshape(-1, akc.shape[-1])[:L] if norm else None
+        for i in range(S):
+            res = attend(qf[b, i, :, :r], qf[b, i, :, r:], aq[b, i] if norm else None,
+                         K[:, :r], K[:, r:], ak, L - S + i, cfg, bug == "no_alpha")
+            if res is not None:
+                out[b, i], lse[b, i] = res
+    if bug == "lse_transposed":
+        lse_out = np.ascontiguousarray(lse).reshape(B, H, S)   # raw [B,S_q,H] buffer, wrong shape
+    else:
+        lse_out = np.ascontiguousarray(lse.transpose(0, 2, 1))
+    return {"out": out.astype(q.dtype), "softmax_lse": lse_out.astype(np.float32)}
+
+
+def flashinfer(t, cfg, bug=None, base2=False):
+    qn, qp = t["flashinfer.q_nope"], t["flashinfer.q_pe"]
+    acc = acc_type(qn.dtype)
+    ckv = t["flashinfer.ckv_cache"].astype(acc)
+    if "flashinfer.ckv_scale_cache" in t:                   # fp8: value = code * scale
+        ckv = ckv * t["flashinfer.ckv_scale_cache"].astype(acc)[:, :, None]
+    kpe = t["flashinfer.kpe_cache"].astype(acc)
+    P = ckv.shape[1]
+    qo, kvp, kvi = t["flashinfer.qo_indptr"], t["flashinfer.kv_indptr"], t["flashinfer.kv_indices"]
+    norm = cfg["norm"] != "none"
+    aq = t["flashinfer.alpha_q"].astype(acc) if norm else None
+    akc = t["flashinfer.alpha_k_cache"].astype(acc) if norm else None
+    N, H, r = qn.shape
+    qnf, qpf = qn.astype(acc), qp.astype(acc)
+    o = np.zeros((N, H, r), acc)
+    lse = np.full((N, H), -np.inf, np.float32)
+    for b in range(len(qo) - 1):
+        T = int(t["flashinfer.kv_len"][b])
+        lo, hi = int(kvp[b]), int(kvp[b + 1])
+        if bug == "block_table_shift":                      # off by one; clamp reads to the array
+            pages = [kvi[min(j + 1, len(kvi) - 1)] for j in range(lo, hi)]
+        else:
+            pages = [kvi[j] for j in range(lo, hi)]
+        L = len(pages) * P if bug == "reads_past_len" else T
+        C = ckv[pages].reshape(-1, r)[:L]
+        Kr = kpe[pages].reshape(-1, kpe.shape[-1])[:L]
+        ak = akc[pages].reshape(-1, akc.shape[-1])[:L] if norm else None
+        S = int(qo[b + 1]) - int(qo[b])
+        for i in range(S):
+            n = int(qo[b]) + i
+            res = attend(qnf[n], qpf[n], aq[n] if norm else None, C, Kr, ak, L - S + i, cfg,
+                         bug == "no_alpha")
+            if res is not None:
+                o[n], lse[n] = res
+    if base2 or bug == "lse_base2":
+        lse = lse / np.float32(math.log(2.0))
+    return {"o": o.astype(qn.dtype), "lse": lse.astype(np.float32)}
+
+
+# ---------------------------------------------------------------- self-test
+
+def dense_reference(d, cfg):
+    """Plain float64 loops over the dense tensors: latent_out [B,S,H,r], lse [B,S,H]."""
+    B, S, H, r = d["q_latent"].shape
+    G = cfg["groups"]
+    out = np.zeros((B, S, H, r))
+    lse = np.full((B, S, H), np.nan)                        # nan marks "sees no token"
+    kv = d["kv_c"].astype(np.float64)
+    if "kv_c_scale" in d:
+        kv = kv * d["kv_c_scale"][:, :, None]
+    for b in range(B):
+        T = cfg["seqlens"][b]
+        for i in range(S):
+            vis = [t for t in range(T) if not cfg["causal"] or t <= T - S + i]
+            for h in range(H):
+                g = h // (H // G)
+                logits = []
+                for t in vis:
+                    c = float(np.dot(d["q_latent"][b, i, h].astype(np.float64), kv[b, t]))
+                    rp = float(np.dot(d["q_rope"][b, i, h].astype(np.float64),
+                                      d["k_rope"][b, t].astype(np.float64)))
+                    a = 1.0 if cfg["norm"] == "none" else \
+                        float(d["alpha_q"][b, i, h]) * float(d["alpha_k"][b, t, g])
+                    z = a * (c + rp) if cfg["norm"] == "unified" else a * c + rp
+                    logits.append(cfg["softmax_scale"] * z)
+                if logits:
+                    w = np.exp(np.array(logits) - max(logits))
+                    out[b, i, h] = (w / w.sum()) @ kv[b, vis]
+                    lse[b, i, h] = max(logits) + math.log(w.sum())
+    return out, lse
+
+
+def make_paged(d, cfg, P, rng):
+    """Lay the dense case out in both layouts: shuffled pages, NaN in unused slots, one spare."""
+    B, S, H, r = d["q_latent"].shape
+    dr, G = d["q_rope"].shape[-1], cfg["groups"]
+    seq = cfg["seqlens"]
+    npg = [-(-T // P) for T in seq]
+    order = rng.permutation(sum(npg) + 1)                  # the last id is the spare page
+    pages, k = [], 0
+    for n in npg:
+        pages.append([int(x) for x in order[k:k + n]])
+        k += n
+    NB = len(order)
+    fp8 = "kv_c_scale" in d
+    ckv = np.full((NB, P, r), np.nan, np.float32)
+    kpe = np.full((NB, P, dr), np.nan, np.float32)
+    akc = np.full((NB, P, G), np.nan, np.float32)
+    scl = np.full((NB, P), np.nan, np.float32)
+    for b in range(B):
+        for t in range(seq[b]):
+            p, s = pages[b][t // P], t % P
+            ckv[p, s] = d["kv_c"][b, t].astype(np.float32)
+            kpe[p, s], scl[p, s] = d["k_rope"][b, t], d["kv_c_scale"][b, t] if fp8 else 1
+            if cfg["norm"] != "none":
+                akc[p, s] = d["alpha_k"][b, t]
+    mb = max(1, max(npg))
+    bt = np.full((B, mb), -1, np.int32)
+    for b in range(B):
+        bt[b, :npg[b]] = pages[b]
+    out = {"flashinfer.q_nope": d["q_latent"].reshape(B * S, H, r),
+           "flashinfer.q_pe": d["q_rope"].reshape(B * S, H, dr),
+           "flashinfer.ckv_cache": ckv.astype(ml_dtypes.float8_e4m3fn) if fp8 else ckv,
+           "flashinfer.kpe_cache": kpe,
+           "flashinfer.qo_indptr": np.arange(B + 1, dtype=np.int32) * S,
+           "flashinfer.kv_indptr": np.concatenate([[0], np.cumsum(npg)]).astype(np.int32),
+           "flashinfer.kv_indices": np.array(sum(pages, []), np.int32),
+           "flashinfer.kv_len": np.array(seq, np.int32),
+           "flashinfer.kv_last_page_len": np.array([T - (n - 1) * P if T else 0
+                                                    for T, n in zip(seq, npg)], np.int32)}
+    if fp8:
+        out["flashinfer.ckv_scale_cache"] = scl
+    else:
+        out.update({"flashmla.q": np.concatenate([d["q_latent"], d["q_rope"]], -1),
+                    "flashmla.k_cache": np.concatenate([ckv, kpe], -1)[:, :, None, :],
+                    "flashmla.block_table": bt,
+                    "flashmla.cache_seqlens": np.array(seq, np.int32)})
+    if cfg["norm"] != "none":
+        out["flashinfer.alpha_q"] = d["alpha_q"].reshape(B * S, H)
+        out["flashinfer.alpha_k_cache"] = akc
+        if not fp8:
+            out["flashmla.alpha_q"], out["flashmla.alpha_k_cache"] = d["alpha_q"], akc
+    return out
+
+
+def self_test():
+    rng = np.random.default_rng(7)
+    ok = True
+    for norm in ["blockwise", "unified", "none"]:
+        for causal in [True, False]:
+            for fp8 in [False, True]:
+                B, S, H, G, r, dr, P = 4, 3, 4, 2, 8, 4, 4
+                seq = [5, 0, 13, 2]
+                cfg = dict(heads=H, groups=G, latent_rank=r, d_r=dr, softmax_scale=0.3, norm=norm,
+                           causal=causal, s_q=S, seqlens=seq, profile="fp8" if fp8 else "fp32")
+                f = lambda *s: rng.standard_normal(s).astype(np.float32)
+                d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr),
+                     "kv_c": f(B, 13, r), "k_rope": f(B, 13, dr),
+                     "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
+                     "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
+                if fp8:
+                    d["kv_c_scale"] = (np.abs(d["kv_c"]).max(-1) / 448).astype(np.float32)
+                    d["kv_c"] = (d["kv_c"] / d["kv_c_scale"][:, :, None]).astype(
+                        ml_dtypes.float8_e4m3fn)
+                ref_o, ref_l = dense_reference(d, cfg)
+                t = make_paged(d, cfg, P, rng)
+                got = {"flashinfer": flashinfer(t, cfg)}
+                if not fp8:
+                    got["flashmla"] = flashmla(t, cfg)
+                for lay, res in got.items():
+                    if lay == "flashmla":
+                        o, l, empty = res["out"], res["softmax_lse"].transpose(0, 2, 1), np.inf
+                    else:
+                        o, l, empty = res["o"].reshape(B, S, H, r), res["lse"].reshape(B, S, H), -np.inf
+                    seen = ~np.isnan(ref_l)
+                    good = (np.allclose(o, ref_o, rtol=1e-5, atol=1e-5)
+                            and np.allclose(l[seen], ref_l[seen], rtol=1e-5, atol=1e-5)
+                            and np.all(l[~seen] == empty) and np.all(o[~seen] == 0))
+                    # the bugs must change the result (block_table_shift needs a multi-page seq)
+                    for bug in ["block_table_shift", "no_alpha", "reads_past_len"]:
+                        if bug == "no_alpha" and norm == "none":
+                            continue
+                        bad = flashmla(t, cfg, bug) if lay == "flashmla" else flashinfer(t, cfg, bug)
+                        k = "out" if lay == "flashmla" else "o"
+                        if np.array_equal(bad[k], res[k], equal_nan=True):
+                            good = False
+                            print(f"  bug {bug} had no effect")
+                    print(f"{'PASS' if good else 'FAIL'} {lay:10s} norm={norm:9s} causal={causal} "
+                          f"fp8={fp8}")
+                    ok &= good
+    print("self-test:", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("case", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--layout", choices=["flashmla", "flashinfer"])
+    ap.add_argument("--bug", choices=BUGS)
+    ap.add_argument("--lse-base", choices=["e", "2"], default="e")
+    ap.add_argument("--self-test", action="store_true")
+    a = ap.parse_args()
+    if a.self_test:
+        return self_test()
+    if not (a.case and a.out and a.layout):
+        ap.error("CASE, OUT and --layout are required")
+    t, cfg = load(a.case)
+    if a.layout == "flashmla":
+        res = flashmla(t, cfg, a.bug)
+    else:
+        res = flashinfer(t, cfg, a.bug, base2=a.lse_base == "2")
+    save(a.out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
