@@ -212,7 +212,8 @@ def make_paged(d, cfg, P, rng):
         for t in range(seq[b]):
             p, s = pages[b][t // P], t % P
             ckv[p, s] = d["kv_c"][b, t].astype(np.float32)
-            kpe[p, s], scl[p, s] = d["k_rope"][b, t], d["kv_c_scale"][b, t] if fp8 else 1
+            kpe[p, s] = d["k_rope"][b, t]
+            scl[p, s] = d["kv_c_scale"][b, t] if fp8 else 1.0
             if cfg["norm"] != "none":
                 akc[p, s] = d["alpha_k"][b, t]
     mb = max(1, max(npg))
