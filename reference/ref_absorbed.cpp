@@ -176,7 +176,7 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
   const Tensor& wv = k.get("w_uv");
   const int r = c.latent_rank;
   Outputs o;
-  o.id = {Family::Ref, Form::Absorbed};
+  o.id = ref_id(Form::Absorbed);
   init_outputs(o, k, {"out", "lse", "alpha_q", "alpha_k", "latent_out", "q_latent"});
   const std::vector<ExactProduct> gram =
       v == Variant::GramAlphaK ? gram_matrices(k) : std::vector<ExactProduct>{};

@@ -18,7 +18,7 @@ using Clock = std::chrono::steady_clock;
 
 Outputs begin_outputs(const Case& k, bool with_latent_out) {
   Outputs o;
-  o.id = {Family::Ref, Form::Explicit};
+  o.id = ref_id(Form::Explicit);
   init_outputs(o, k, {"out", "lse", "alpha_q", "alpha_k"});
   if (with_latent_out) init_outputs(o, k, {"latent_out"});
   return o;

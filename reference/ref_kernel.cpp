@@ -15,7 +15,7 @@ Outputs ref_kernel(const Case& k) {
   const bool stats = c.norm != NormMode::None;  // plain MLA: alpha_q = alpha_k = 1, no tensors
   const Tensor &ql = k.get("q_latent"), &qr = k.get("q_rope"), &kr = k.get("k_rope");
   Outputs o;
-  o.id = {Family::Ref, Form::Kernel};
+  o.id = ref_id(Form::Kernel);
   init_outputs(o, k, {"latent_out", "lse"});
   for (int b = 0; b < c.batch; ++b) {
     MpLatentRows q;  // the rows of this sequence, exact

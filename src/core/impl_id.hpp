@@ -44,6 +44,12 @@ struct ImplId {
 };
 
 std::string to_string(const ImplId& id);
+// ref.<form>
+inline ImplId ref_id(Form f) {
+  ImplId id;
+  id.family = Family::Ref, id.form = f;
+  return id;
+}
 // Ordered as printed (ids as map keys).
 inline bool operator<(const ImplId& a, const ImplId& b) { return to_string(a) < to_string(b); }
 // Shorter still, for a summary's columns: a CPU implementation without family and profile

@@ -18,8 +18,7 @@ Plot chart(const Report& r, const std::string& tensor) {
   }
   std::map<std::string, size_t> series;
   for (const Row& row : r.rows) {
-    if (row.tensor != tensor || row.impl == ImplId{Family::Ref, Form::Absorbed} ||
-        !x.count(row.profile))
+    if (row.tensor != tensor || row.impl == ref_id(Form::Absorbed) || !x.count(row.profile))
       continue;
     if (!(row.m.rel_l2 > 0)) continue;  // exact: no point on a log scale
     const std::string name = to_string(row.impl.without_profile());

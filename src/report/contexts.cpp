@@ -159,7 +159,7 @@ std::vector<std::pair<std::string, Plot>> context_charts(const ContextSweep& s) 
       plot.log_x = true;
       const Series& x = series.at(p);
       for (const Key& k : x.order) {
-        if (k.second != "out" || k.first == ImplId{Family::Ref, Form::Absorbed})
+        if (k.second != "out" || k.first == ref_id(Form::Absorbed))
           continue;  // ~1e-33: off the chart
         PlotSeries line;
         line.name = to_string(k.first.without_profile());

@@ -43,7 +43,7 @@ std::vector<ProfileSummary> summarize(const Report& r) {
     for (const Row& row : r.rows) {
       if (row.profile != s.profile) continue;
       const ImplId& id = row.impl;
-      if (id == ImplId{Family::Ref, Form::Absorbed}) equiv = std::max(equiv, row.m.rel_l2);
+      if (id == ref_id(Form::Absorbed)) equiv = std::max(equiv, row.m.rel_l2);
       const bool cpu_default = id.family == Family::Cpu && id.variant == Variant::Default;
       if (row.tensor == "out" && cpu_default && id.form == Form::Absorbed)
         s.absorbed_out = row.m.rel_l2;
