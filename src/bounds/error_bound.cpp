@@ -12,11 +12,6 @@ Units make_units(DType acc) {
 
 EB EB::converted(double x) { return {x, up(std::fabs((long double)x) * units().u)}; }
 
-Units& units() {
-  thread_local Units u;  // per thread: the gate bounds several profiles side by side
-  return u;
-}
-
 EB store(DType d, const EB& x) {
   const FloatFormat f = format_of(d);
   const long double ud = std::ldexp(1.0L, -f.precision),

@@ -18,7 +18,12 @@ struct Units {
   long double eta = 0;   // half the smallest subnormal of the accumulate type (underflow, B.2)
   long double tiny = 0;  // the smallest normal of the accumulate type (exp underflow, B.8)
 };
-Units& units();
+// Per thread (the gate bounds several profiles side by side); inline, since every operation of
+// the type reads it.
+inline Units& units() {
+  thread_local Units u;
+  return u;
+}
 Units make_units(DType accumulate);  // u, u_f = 2u, eta of that format
 
 // Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
