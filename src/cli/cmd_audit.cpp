@@ -85,10 +85,8 @@ Runner add_audit(CLI::App& app, const std::string&) {
                        "--layout " + f->layout + " audits a kernel-level case (golden --layout)");
     if (layout == Layout::FlashMla && empty_lse->count() == 0)
       f->o.empty_lse = "+inf";  // FlashMLA's convention for a row that sees no token
-    const AuditResult r = run_audit(
-        cf, f->case_path,
-        outputs_from_layout(cf.k.cfg, layout, read_outputs(f->outputs_path), f->outputs_path),
-        f->outputs_path, f->o);
+    const AuditResult r = audit_in_layout(cf, f->case_path, layout, read_outputs(f->outputs_path),
+                                          f->outputs_path, f->o);
     if (!f->junit.empty())
       if (const int rc = write_output(audit_junit(r), f->junit, "--junit")) return rc;
     const std::string text = f->format == "json" ? audit_json(r)

@@ -216,4 +216,41 @@ std::map<std::string, Tensor> outputs_from_layout(const MlaConfig& c, Layout l,
   return out;
 }
 
+namespace {
+
+const TensorAudit* audited(const AuditResult& r, const std::string& name) {
+  for (const TensorAudit& a : r.tensors)
+    if (a.j.tensor == name) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+AuditResult audit_in_layout(const CaseFile& cf, const std::string& case_path, Layout l,
+                            const std::map<std::string, Tensor>& given,
+                            const std::string& outputs_path, const AuditOptions& o) {
+  AuditResult r = run_audit(cf, case_path, outputs_from_layout(cf.k.cfg, l, given, outputs_path),
+                            outputs_path, o);
+  const TensorAudit* lse = audited(r, "lse");
+  if (l != Layout::FlashMla || r.pass() || !lse || lse->j.v.pass ||
+      cf.k.cfg.s_q * cf.k.cfg.heads < 2)
+    return r;
+  // softmax_lse's buffer read in qkmla's own order [B, S_q, H]: the shape FlashMLA gives it kept.
+  std::map<std::string, Tensor> alt = outputs_from_layout(cf.k.cfg, l, given, outputs_path);
+  Tensor& x = alt.at("lse");
+  x.data = given.at("softmax_lse").data;
+  AuditOptions quiet = o;
+  quiet.diagnose = false;
+  const AuditResult a = run_audit(cf, case_path, alt, outputs_path, quiet);
+  const TensorAudit* alse = audited(a, "lse");
+  if (!alse || !alse->j.v.pass) return r;
+  Match m{"softmax_lse_order=[B,S_q,H]",
+          "softmax_lse written in [B, S_q, H] order, not FlashMLA's [B, H, S_q]: transpose it",
+          {{"lse", alse->j.m.rel_l2, lse->j.m.rel_l2}},
+          alse->j.m.rel_l2 / std::max(lse->j.m.rel_l2, 1e-300),
+          true};
+  r.diagnosis.insert(r.diagnosis.begin(), m);
+  return r;
+}
+
 }  // namespace qkmla

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/case.hpp"
+#include "harness/audit.hpp"
 
 namespace qkmla {
 
@@ -27,5 +28,13 @@ std::map<std::string, Tensor> paged_inputs(const Case& kernel_case, Layout l, in
 std::map<std::string, Tensor> outputs_from_layout(const MlaConfig& c, Layout l,
                                                   std::map<std::string, Tensor> given,
                                                   const std::string& file);
+
+// The audit of outputs returned in layout `l`: run_audit on outputs_from_layout's conversion, and
+// on FAIL each misreading of the layout an integration commonly makes is tried too (FlashMLA:
+// softmax_lse written in qkmla's [B, S_q, H] order instead of [B, H, S_q]); one under which the
+// lse would pass is added to the diagnosis, named.
+AuditResult audit_in_layout(const CaseFile& cf, const std::string& case_path, Layout l,
+                            const std::map<std::string, Tensor>& given,
+                            const std::string& outputs_path, const AuditOptions& o);
 
 }  // namespace qkmla

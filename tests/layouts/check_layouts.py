@@ -6,7 +6,8 @@ kernels written from docs/layouts.md alone (tests/zoo/paged_kernels.py).
 
 For each seed, layout (flashmla, flashinfer), profile (fp32, bf16, fp16, fp8; FlashMLA has no fp8
 here) and norm (blockwise, unified, none) drawn from the seed: the correct kernel must PASS
-(exit 0) and each integration bug must FAIL (exit 1) where it changes the outputs. Exit 1 on any
+(exit 0) and each integration bug must FAIL (exit 1) where it changes the outputs, the diagnosis
+naming the convention where one exists (a transposed or base-2 lse). Exit 1 on any
 false alarm or missed bug, with the seed and the command to reproduce it.
 """
 import argparse
@@ -17,6 +18,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(HERE, "..", "zoo", "paged_kernels.py")
+# The convention the audit's diagnosis must name for a bug, where one exists.
+DIAGNOSIS = {"lse_transposed": "softmax_lse_order=[B,S_q,H]", "lse_base2": "lse_base=2"}
 BUGS = {"flashmla": ["block_table_shift", "lse_transposed", "no_alpha", "reads_past_len"],
         "flashinfer": ["block_table_shift", "lse_base2", "no_alpha", "reads_past_len"]}
 
@@ -76,6 +79,9 @@ def main():
             verdict = "PASS" if au.returncode == 0 else "FAIL" if au.returncode == 1 else f"exit {au.returncode}"
             line = f"seed {seed} {layout} {profile} {norm} sq={sq} page={page} {bug or 'correct'}: {verdict}"
             print(line)
+            if bug in DIAGNOSIS and au.returncode == 1 and DIAGNOSIS[bug] not in au.stdout.replace("\n", " "):
+                line += f" (diagnosis does not name {DIAGNOSIS[bug]})"
+                au.returncode = -1
             if au.returncode != want:
                 bad.append(line + f"  (reproduce: {' '.join(k)}; qkmla audit {case} {outs} --layout {layout})"
                            + ("\n" + au.stdout[-1500:] + au.stderr[-500:]))
