@@ -8,6 +8,7 @@ Run: pytest python/examples/test_my_kernel.py (with `pip install ./python` done)
 import os
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -98,3 +99,19 @@ def test_inputs_from_several_threads_at_once():
     for got, want in zip(cases, alone):
         assert (got.ref["out"] == want.ref["out"]).all()
     assert not (cases[0].ref["out"] == cases[3].ref["out"]).all()
+
+
+def test_a_flashmla_style_kernel_through_its_own_interface():
+    c = qkmla.golden(preset="tiny", profile="bf16", seqlens=[5, 0, 70], sq=2, layout="flashmla",
+                     page_size=16)
+    args = c.kernel_args("flashmla")  # q, k_cache, block_table, cache_seqlens, alpha_*, softmax_scale
+    assert tuple(args["block_table"].shape) == (3, 5) and "int32" in str(args["block_table"].dtype)
+    # A stand-in for flash_mla_with_kvcache(**args): the reference, in FlashMLA's output layout.
+    out = c.ref["latent_out"].astype(np.float32).astype(ml_dtypes.bfloat16)
+    lse = np.ascontiguousarray(np.transpose(c.ref["lse"], (0, 2, 1)).astype(np.float32))
+    lse[np.isneginf(lse)] = np.inf  # FlashMLA: +inf for a row that sees no token
+    qkmla.audit(c, out=out, softmax_lse=lse, layout="flashmla").assert_pass()
+    # softmax_lse written in qkmla's [B, S_q, H] order: FAIL, and the diagnosis says so.
+    wrong = np.ascontiguousarray(np.transpose(lse, (0, 2, 1))).reshape(lse.shape)
+    v = qkmla.audit(c, out=out, softmax_lse=wrong, layout="flashmla")
+    assert not v.passed and "softmax_lse_order=[B,S_q,H]" in v.diagnosis

@@ -62,6 +62,24 @@ class Case:
         self.ref = {n[4:]: _array(handle.tensor(n)) for n in names if n.startswith("ref.")}
         self.metadata = dict(handle.metadata())
 
+    def kernel_args(self, layout):
+        """The inputs as the named kernel takes them (docs/layouts.md), keyed by its argument names
+        (`q`, `k_cache`, `block_table`, ... for "flashmla"; `q_nope`, `ckv_cache`, `kv_indptr`, ...
+        for "flashinfer") plus `softmax_scale`: torch tensors when torch is importable, else numpy
+        arrays. The case must have been made with `golden(..., layout=layout)`."""
+        prefix = layout + "."
+        args = {n[len(prefix):]: x for n, x in self.inputs.items() if n.startswith(prefix)}
+        if not args:
+            raise QkmlaError(f"this case holds no {layout} inputs: make it with golden(..., layout='{layout}')")
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:
+            args = {n: _to_torch(torch, x) for n, x in args.items()}
+        args["softmax_scale"] = self.config["softmax_scale"]
+        return args
+
     def save(self, path):
         """The safetensors file `qkmla golden -o` writes (the CLI and other clients read it)."""
         self._h.save(str(path))
@@ -71,10 +89,20 @@ class Case:
         return f"qkmla.Case({c['preset']}, {c['profile']}, seqlens={c['seqlens']}, s_q={c['s_q']})"
 
 
+def _to_torch(torch, x):
+    """numpy (ml_dtypes for bf16 / e4m3) -> torch, the same bits."""
+    name = str(x.dtype)
+    if name == "bfloat16":
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    if name == "float8_e4m3fn":
+        return torch.from_numpy(x.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
 def golden(preset=None, profile=None, seqlen=None, seqlens=None, sq=None, level="module",
            scenario=None, seed=None, heads=None, groups=None, latent_rank=None, d_c=None, d_r=None,
            d_v=None, norm=None, rope_order=None, rope_style=None, causal=None, ref_bits=113,
-           inputs=None, round_inputs=False, config=None):
+           inputs=None, round_inputs=False, config=None, layout=None, page_size=64):
     """A golden case, as `qkmla golden` makes it. Generated from the seed (defaults: preset tiny,
     profile bf16, one sequence of 64 tokens), or from `inputs` (name -> array, conventions §2 names; the
     config from the arguments given and `config`, else inferred from shapes and dtypes)."""
@@ -84,7 +112,8 @@ def golden(preset=None, profile=None, seqlen=None, seqlens=None, sq=None, level=
                  groups=groups, latent_rank=latent_rank, d_c=d_c, d_r=d_r, d_v=d_v, norm=norm,
                  rope_order=rope_order, rope_style=rope_style, causal=causal, sq=sq,
                  seqlens=[seqlen] if seqlen is not None else seqlens)
-    opts = {"level": level, "ref_bits": ref_bits, "round_inputs": round_inputs}
+    opts = {"level": level, "ref_bits": ref_bits, "round_inputs": round_inputs,
+            "layout": layout or "dense", "page_size": page_size}
     if inputs is None:
         opts.update({k: v for k, v in given.items() if v is not None})
         if config:
@@ -131,16 +160,20 @@ class Verdict:
 
 
 def audit(case, out=None, lse=None, latent_out=None, alpha_k=None, q_latent=None, alpha_q=None,
-          label="third_party", lse_base="e", empty_lse="-inf", form="absorbed", design=None,
-          diagnose=True):
-    """Judges the given outputs against `case` (a Case or a path), as `qkmla audit` does."""
+          label="third_party", lse_base="e", empty_lse=None, form="absorbed", design=None,
+          diagnose=True, layout=None, softmax_lse=None, o=None):
+    """Judges the given outputs against `case` (a Case or a path), as `qkmla audit` does. With
+    `layout="flashmla"` give FlashMLA's `out` and `softmax_lse` ([B, H, S_q], +inf for empty
+    rows); with `layout="flashinfer"` its `o` and `lse` (docs/layouts.md)."""
     if not isinstance(case, Case):
         case = load(case)
     given = dict(out=out, lse=lse, latent_out=latent_out, alpha_k=alpha_k, q_latent=q_latent,
-                 alpha_q=alpha_q)
+                 alpha_q=alpha_q, softmax_lse=softmax_lse, o=o)
     outputs = {n: _triple(n, x) for n, x in given.items() if x is not None}
+    if empty_lse is None:
+        empty_lse = "+inf" if layout == "flashmla" else "-inf"
     opts = dict(label=label, lse_base=str(lse_base), empty_lse=empty_lse, form=form,
-                design=design or "", diagnose=diagnose)
+                design=design or "", diagnose=diagnose, layout=layout or "dense")
     return Verdict(_qkmla.audit(case._h, outputs, opts))
 
 

@@ -63,6 +63,7 @@ qkmla::api::CaseOptions case_options(const py::dict& d) {
   take(d, "latent_rank", o.latent_rank), take(d, "d_c", o.d_c), take(d, "d_r", o.d_r);
   take(d, "d_v", o.d_v), take(d, "causal", o.causal), take(d, "ref_bits", o.ref_bits);
   take(d, "config_json", o.config_json), take(d, "round_inputs", o.round_inputs);
+  take(d, "layout", o.layout), take(d, "page_size", o.page_size);
   if (d.contains("inputs") && !d["inputs"].is_none()) o.inputs = arrays(d["inputs"]);
   return o;
 }
@@ -89,6 +90,7 @@ PYBIND11_MODULE(_qkmla, m) {
     qkmla::api::AuditOptions o;
     take(d, "label", o.label), take(d, "lse_base", o.lse_base), take(d, "empty_lse", o.empty_lse);
     take(d, "form", o.form), take(d, "design", o.design), take(d, "diagnose", o.diagnose);
+    take(d, "layout", o.layout);
     const std::map<std::string, Array> given = arrays(outputs);
     qkmla::api::Verdict v;
     {

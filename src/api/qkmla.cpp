@@ -9,6 +9,7 @@
 #include "harness/audit.hpp"
 #include "harness/golden.hpp"
 #include "harness/inputs.hpp"
+#include "harness/layouts.hpp"
 #include "harness/resources.hpp"
 #include "io/case_io.hpp"
 #include "io/safetensors.hpp"
@@ -143,12 +144,18 @@ GoldenCase golden(const CaseOptions& o) {
       extra = in.metadata;
       k = std::move(in.k);
     }
-    Golden g = make_golden(k, parse_level(o.level), o.ref_bits, "qkmla::api::golden");
+    const Layout layout = parse_layout(o.layout);
+    const Level level = layout == Layout::Dense ? parse_level(o.level) : Level::Kernel;
+    Golden g = make_golden(k, level, o.ref_bits, "qkmla::api::golden");
     if (!g.truth.ok())
       throw std::runtime_error("refused: the reference agrees on " +
                                std::to_string(g.truth.agreeing_bits) + " bits < " +
                                std::to_string(g.truth.required_bits) + "; raise ref_bits");
     g.metadata.insert(extra.begin(), extra.end());
+    if (layout != Layout::Dense) {
+      for (auto& [name, t] : paged_inputs(g.k, layout, o.page_size)) g.k.tensors[name] = t;
+      g.metadata["qkmla.layout"] = o.layout + ", page_size " + std::to_string(o.page_size);
+    }
     // The same bytes `qkmla golden` writes would give: the case as a reader of that file sees it.
     auto s = std::make_shared<GoldenCase::State>();
     s->file.k = std::move(g.k);
@@ -175,8 +182,8 @@ Verdict audit(const GoldenCase& c, const std::map<std::string, Array>& outputs,
     ao.label = o.label, ao.lse_base = o.lse_base, ao.empty_lse = o.empty_lse;
     ao.form = o.form, ao.design = o.design, ao.diagnose = o.diagnose;
     ao.rule = default_rule();
-    const AuditResult r =
-        run_audit(Access::of(c).file, "<case>", std::move(given), "<outputs>", ao);
+    const AuditResult r = audit_in_layout(Access::of(c).file, "<case>", parse_layout(o.layout),
+                                          given, "<outputs>", ao);
     Verdict v;
     v.passed = r.pass();
     for (const TensorAudit& a : r.tensors)

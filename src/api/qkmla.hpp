@@ -32,6 +32,8 @@ struct CaseOptions {
   std::map<std::string, Array> inputs;  // empty: generated from the seed
   std::string config_json;              // conventions §9 keys applied last ("" = none)
   bool round_inputs = false;            // inputs: round what the profile cannot store (RNE)
+  std::string layout = "dense";  // "flashmla"/"flashinfer": also the paged inputs (docs/layouts.md)
+  int page_size = 64;            // tokens per page of `layout`
 };
 
 class GoldenCase {
@@ -61,6 +63,7 @@ struct AuditOptions {
   std::string form = "absorbed";   // "absorbed" or "explicit"
   std::string design;              // e.g. "q_latent=bf16,p=bf16,out=bf16" ("" = inferred)
   bool diagnose = true;
+  std::string layout = "dense";  // the outputs as "flashmla" or "flashinfer" returns them
 };
 
 struct TensorVerdict {
