@@ -26,6 +26,7 @@
 #include "io/case_io.hpp"
 #include "io/safetensors.hpp"
 #include "render/table.hpp"
+#include "report/bench_view.hpp"
 
 namespace {
 
@@ -445,16 +446,15 @@ TEST_CASE("cli.bench.table_renders_every_column_without_a_device") {
   a.pages_per_split = 3, a.splits = 22, a.partial_bytes = 5.79e6;
   qkmla::gpu::BenchOptions o;
   o.pages_per_split = 3;
-  const std::string md = qkmla::cli::render_bench({a, a}, "how", "dev", o, true);
-  const std::string text = qkmla::cli::render_bench({a}, "how", "dev", o, false);
+  const std::string md = qkmla::render_bench({a, a}, "how", "dev", o, true);
+  const std::string text = qkmla::render_bench({a}, "how", "dev", o, false);
   CHECK(md.find("3 pages per split (--pages-per-split)") != std::string::npos);
   CHECK(md.find("| 4096 | 0.1250 | 0.000 | 0.1200 | 0.000 | +4.17 | 1234 | 25.7% | 19.9 | 1.00 | "
                 "3 | 22 | 5.79 |") != std::string::npos);
   CHECK(text.find("partial_MB") != std::string::npos);
   CHECK(text.find("     3     22       5.79") != std::string::npos);
   o.pages_per_split = 0;
-  CHECK(qkmla::cli::render_bench({a}, "how", "dev", o, false).find("the plan's") !=
-        std::string::npos);
+  CHECK(qkmla::render_bench({a}, "how", "dev", o, false).find("the plan's") != std::string::npos);
 }
 
 TEST_CASE("cli.report_fp8_and_gpu_rows") {

@@ -22,8 +22,4 @@ Runner add_reference(CLI::App& app, const std::string& command_line);
 Runner add_converge(CLI::App& app, const std::string& command_line);
 Runner add_bench(CLI::App& app, const std::string& command_line);
 
-// `qkmla bench`'s table (text or markdown) of measured rows; no device needed to render.
-std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::string& how,
-                         const std::string& device, const gpu::BenchOptions& o, bool md);
-
 }  // namespace qkmla::cli
