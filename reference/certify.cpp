@@ -111,7 +111,7 @@ class Certifier {
                                      bool ntr, const Perturbation& p,
                                      const mpq_rational* unified_inv) const;
   void query_row(int b, int i, int h, const ExactProduct& K0, const ExactProduct& V);
-  void lse_check(const std::vector<mpq_rational>& logits, const std::string& where);
+  void lse_check(const std::vector<mpq_rational>& logits, const std::string& where, int h);
   void value_path(int b, int i, int h, const std::vector<int64_t>& visible,
                   const std::vector<double>& logits_d, const ExactProduct& V);
   mpz_int key_int(const ExactProduct& K0, int64_t t, int col) const {  // k0c at scale 2
@@ -293,8 +293,7 @@ void Certifier::query_row(int b, int i, int h, const ExactProduct& K0, const Exa
   std::vector<mpq_rational> logits;
   std::vector<int64_t> visible;
   for (int64_t t = 0; t < T; ++t) {
-    const bool vis_e = token_visible(c_.causal, T, c_.s_q, i, t),
-               vis_a = hook::visible(p_, c_, T, i, t);
+    const bool vis_e = k_.visible(b, i, t), vis_a = hook::visible(p_, k_, b, i, t);
     ++res_.masks;
     if (vis_e != vis_a)
       differ("visibility", fmt::format("b={} i={} h={} t={}", b, i, h, t), mpq_rational(int(vis_e)),
@@ -328,7 +327,7 @@ void Certifier::query_row(int b, int i, int h, const ExactProduct& K0, const Exa
     visible.push_back(t);
   }
   if (visible.empty()) return;
-  lse_check(logits, fmt::format("b={} i={} h={}", b, i, h));
+  lse_check(logits, fmt::format("b={} i={} h={}", b, i, h), h);
   value_path(b, i, h, visible, logits_d, V);
 }
 
@@ -365,15 +364,24 @@ void Certifier::value_path(int b, int i, int h, const std::vector<int64_t>& visi
 }
 
 // (f) D.7 on the first non-empty row: lse = log sum_t exp(logit) from the exact logits, and what
-// the absorbed side reports for it.
-void Certifier::lse_check(const std::vector<mpq_rational>& logits, const std::string& where) {
-  if (lse_done_) return;
-  lse_done_ = true;
+// the absorbed side reports for it. (g) K.1 on every row under an attention sink: the factor that
+// scales out and the lse reported beside it.
+void Certifier::lse_check(const std::vector<mpq_rational>& logits, const std::string& where,
+                          int h) {
+  if (lse_done_ && !c_.attn_sink) return;
   Mp sum = 0;
   for (const mpq_rational& l : logits) sum += exp(mp_of(l));
   const Mp lse = log(sum);
-  ++res_.lse_rows;
-  differ("lse", where, Num{lse}, Num{hook::lse_out(p_, lse, Mp(log(Mp(2))))});
+  if (!lse_done_) {
+    lse_done_ = true;
+    ++res_.lse_rows;
+    differ("lse", where, Num{lse}, Num{hook::lse_out(p_, lse, Mp(log(Mp(2))))});
+  }
+  if (!c_.attn_sink) return;
+  const Mp s = k_.sink(h);
+  ++res_.sink_rows;
+  differ("sink factor", where, Num{sink_factor(s, lse)}, Num{hook::sink_scale(p_, true, s, lse)});
+  differ("lse beside a sink", where, Num{lse}, Num{hook::sink_lse(p_, true, s, lse)});
 }
 
 void Certifier::sequence(int b) {

@@ -20,6 +20,7 @@ struct CertifyResult {
   int64_t value_paths = 0;  // (d) latent_out . WV == sum_t p v for exact rational p    (D.6)
   int64_t masks = 0;        // (e) the same visible tokens                              (D.7)
   int64_t lse_rows = 0;     // (f) the reported lse is the natural log of the row's sum  (D.7)
+  int64_t sink_rows = 0;    // (g) the sink's factor on out, and lse left without it     (K.1)
   bool refuted = false;     // a nonzero difference was found
   std::string first;        // which check, where, and both values
 };

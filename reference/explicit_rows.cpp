@@ -97,7 +97,7 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
 }
 
 bool ExplicitRows::visible(size_t x, int64_t t) const {
-  return token_visible(c_.causal, T_, c_.s_q, ids_[x] / c_.heads, t);
+  return k_.visible(b_, ids_[x] / c_.heads, t);
 }
 
 // E.1-E.4 of the rope part of token t's key (blockwise, none: one for every group) and, for each
@@ -201,6 +201,12 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
 void ExplicitRows::finish() {
   for (size_t x = 0; x < out_.size(); ++x) {
     const int64_t base = int64_t(b_ * c_.s_q * c_.heads + ids_[x]);
+    if (c_.attn_sink) {  // K.1: the sink scales out (and latent_out); lse is stored without it
+      const Mp f = sink_factor(Mp(k_.sink(ids_[x] % c_.heads)), lse_[x]);
+      for (Mp& v : out_[x]) v *= f;
+      if (latent_)
+        for (Mp& v : lat_[x]) v *= f;
+    }
     for (int j = 0; j < c_.d_v; ++j) store(o_, "out", base * c_.d_v + j, out_[x][size_t(j)]);
     if (latent_)
       for (int j = 0; j < c_.latent_rank; ++j)

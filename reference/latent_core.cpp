@@ -80,7 +80,7 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
       for (size_t row = 0; row < rows; ++row) {
         const int i = int(row) / c.heads, g = hook::group_of(p, c, int(row) % c.heads);
         for (int64_t t = t0; t < t0 + nb; ++t) {
-          if (!hook::visible(p, c, T, i, t)) continue;
+          if (!hook::visible(p, k, b, i, t)) continue;
           alpha_k(hook::alpha_k_token(p, t), g, a);
           s = q.row_scale[row] * a;
           ch.rope[row].get(size_t(t - ch.t0), rope);
@@ -112,7 +112,7 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
       for (int64_t t = ch.t0; t < ch.t1; ++t) {
         for (int l = 0; l < r; ++l) ct[size_t(l)] = rows_c[t * r + l];
         for (size_t row = row0; row < row1; ++row) {
-          if (!hook::visible(p, c, T, int(row) / c.heads, t)) continue;
+          if (!hook::visible(p, k, b, int(row) / c.heads, t)) continue;
           ch.logits[row].get(next[row - row0]++, logit);
           pr = exp(logit - res.lse[row]);  // E.6's p_t
           for (int l = 0; l < r; ++l) mac(res.latent_out[row][size_t(l)], pr, ct[size_t(l)], tmp);
@@ -125,6 +125,15 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
   for (size_t s = 0; s < m; ++s)
     tasks.push_back([&, s] { attend_rows(rows * s / m, rows * (s + 1) / m); });
   run_parallel(tasks, int(m));
+  // K.1 (proofs/absorption.md): an attention sink scales latent_out by 1 / (1 + exp(s_h - lse));
+  // the lse is reported without it (conventions §1.5).
+  if (c.attn_sink)
+    for (size_t row = 0; row < rows; ++row) {
+      const Mp s = k.sink(int(row) % c.heads);
+      const Mp f = hook::sink_scale(p, true, s, res.lse[row]);
+      for (Mp& x : res.latent_out[row]) x *= f;
+      res.lse[row] = hook::sink_lse(p, true, s, res.lse[row]);
+    }
   return res;
 }
 

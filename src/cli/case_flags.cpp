@@ -56,6 +56,11 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--eps", f.eps, "RMSNorm epsilon (default 1e-6)");
   app.add_option("--softmax-scale", f.softmax_scale, "softmax scale (default 1/sqrt(d_c + d_r))");
   app.add_flag("--causal,!--no-causal", f.causal, "causal mask over the query tokens (default on)");
+  app.add_option("--topk", f.topk,
+                 "sparse top-k: each query attends at most K drawn cache slots (indices, -1 pads)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--attn-sink", f.attn_sink,
+               "per-head sink logits: out x exp(lse)/(exp(lse)+exp(s_h)), lse unchanged");
   app.add_option("--scenario", f.scenario, "input distribution")
       ->check(CLI::IsMember(scenario_names()))
       ->capture_default_str();
@@ -145,6 +150,8 @@ MlaConfig build_config(const CaseFlags& f, int default_seqlen) {
   if (given("--rope-style") || f.config_file.empty()) c.rope_style = parse_rope_style(f.rope_style);
   if (f.eps) c.eps = *f.eps;
   if (given("--causal") || given("--no-causal") || f.config_file.empty()) c.causal = f.causal;
+  if (f.topk) c.topk = *f.topk;
+  if (f.attn_sink) c.attn_sink = true;
   if (given("--scenario") || f.config_file.empty()) c.scenario = f.scenario;
   if (given("--seed") || f.config_file.empty()) c.seed = f.seed;
   if (given("--preset")) c.preset = f.preset;

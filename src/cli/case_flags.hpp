@@ -20,6 +20,8 @@ struct CaseFlags {
   std::string norm = "blockwise", rope_order = "norm_then_rope", rope_style = "interleaved";
   std::optional<double> eps, softmax_scale;
   bool causal = true;
+  std::optional<int> topk;  // conventions §1.5
+  bool attn_sink = false;
   std::string scenario = "normal";
   uint64_t seed = 1;
   std::vector<std::string> profiles;  // --profile / --profiles

@@ -53,12 +53,13 @@ Runner add_certify(CLI::App& app, const std::string& command_line) {
         "  (c) logits          explicit == absorbed, S^q, S^k exact inputs   {:>9}\n"
         "  (d) value path      latent_out . WV == sum_t p v, p exact         {:>9}\n"
         "  (e) masks           same visible tokens                           {:>9}\n"
-        "  (f) lse             natural log of the row's sum                  {:>9}\n",
+        "  (f) lse             natural log of the row's sum                  {:>9}\n"
+        "  (g) sink            out x 1/(1+exp(s_h-lse)), lse without it      {:>9}\n",
         cfg.preset, cfg.heads, cfg.groups, cfg.latent_rank, cfg.d_c, cfg.d_r, cfg.d_v,
         fmt::join(cfg.seqlens, ","), cfg.s_q, to_string(cfg.norm), to_string(cfg.rope_order),
         to_string(cfg.rope_style), cfg.scenario, cfg.seed, to_string(cfg.profile),
         provenance(command_line, 1), s, r.content_scores, r.key_statistics, r.query_statistics,
-        r.logits, r.value_paths, r.masks, r.lse_rows);
+        r.logits, r.value_paths, r.masks, r.lse_rows, r.sink_rows);
     int rc = 0;
     if (p.is_none()) {
       text += r.refuted ? "NOT EQUIVALENT: " + r.first + "\n"

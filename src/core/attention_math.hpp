@@ -4,6 +4,10 @@
 // C++17 and dependency-free, so the CUDA kernels include it too (gpu/kernels/stages.hpp).
 #pragma once
 #include <cstdint>
+#ifndef __CUDACC__
+#include <cmath>
+#include <limits>
+#endif
 
 #ifdef __CUDACC__
 #define QKMLA_HD __host__ __device__ __forceinline__
@@ -46,5 +50,17 @@ template <class T>
 QKMLA_HD T plain_logit(const T& scale, const T& content, const T& rope) {
   return product(scale, T(content + rope));
 }
+
+#ifndef __CUDACC__
+// Attention sink (conventions §1.5): a row's out is multiplied by exp(lse) / (exp(lse) + exp(s)) =
+// 1 / (1 + exp(s - lse)). An empty row (lse = -inf) has out = 0 and factor 0; a sink of -inf is no
+// sink (factor 1). Host only: the CUDA kernels do not take a sink (conventions §10).
+template <class T>
+T sink_factor(const T& s, const T& lse) {
+  using std::exp;
+  if (lse == -std::numeric_limits<double>::infinity()) return T(0);
+  return T(1) / T(T(1) + exp(T(s - lse)));
+}
+#endif
 
 }  // namespace qkmla

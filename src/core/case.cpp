@@ -14,7 +14,57 @@ const Tensor& Case::get(const std::string& name) const {
   return it->second;
 }
 
+namespace {
+
+// Row (b, i)'s listed slots in index order, each + shift (pads skipped).
+std::vector<int64_t> listed(const Case& k, int b, int i, int shift) {
+  const Tensor& ix = k.get("indices");  // [B, S_q, topk]
+  std::vector<int64_t> out;
+  for (int j = 0; j < k.cfg.topk; ++j)
+    if (const double v = ix.at({b, i, j}); v >= 0) out.push_back(int64_t(v) + shift);
+  return out;
+}
+
+}  // namespace
+
+bool Case::visible(int b, int i, int64_t t, int extra, int shift) const {
+  const int64_t T = cfg.seqlens[size_t(b)];
+  if (cfg.topk == 0) return token_visible(cfg.causal, T, cfg.s_q, i, t, extra);
+  if (t < 0 || t >= T) return false;
+  if (topk_sorted && shift == 0) {
+    const std::vector<int64_t>& set = (*topk_sorted)[size_t(b * cfg.s_q + i)];
+    return std::binary_search(set.begin(), set.end(), t);
+  }
+  const std::vector<int64_t> set = listed(*this, b, i, shift);
+  return std::find(set.begin(), set.end(), t) != set.end();
+}
+
+std::vector<int64_t> Case::tokens(int b, int i, int extra, int shift) const {
+  const int64_t T = cfg.seqlens[size_t(b)];
+  std::vector<int64_t> out;
+  if (cfg.topk == 0) {
+    for (int64_t t = 0; t < T; ++t)
+      if (token_visible(cfg.causal, T, cfg.s_q, i, t, extra)) out.push_back(t);
+    return out;
+  }
+  for (int64_t t : listed(*this, b, i, shift))
+    if (t >= 0 && t < T) out.push_back(t);
+  return out;
+}
+
 void attach_latent(Case& k) {
+  if (k.cfg.topk > 0 && k.has("indices")) {
+    auto sets = std::make_shared<std::vector<std::vector<int64_t>>>();
+    for (int b = 0; b < k.cfg.batch; ++b)
+      for (int i = 0; i < k.cfg.s_q; ++i) {
+        std::vector<int64_t> v = listed(k, b, i, 0);
+        std::sort(v.begin(), v.end());
+        sets->push_back(std::move(v));
+      }
+    k.topk_sorted = std::move(sets);
+  } else {
+    k.topk_sorted.reset();
+  }
   if (!k.has("kv_c_scale")) {
     k.dequant.reset();
     return;
@@ -60,9 +110,40 @@ std::vector<bool> valid_mask(const Case& k, const std::string& tensor) {
   return m;
 }
 
-bool Case::causal_visible(int b, int i, int64_t t) const {
-  return token_visible(cfg.causal, cfg.seqlens[size_t(b)], cfg.s_q, i, t);
+namespace {
+
+// conventions §1.5: top-k index sets and per-head sink logits, at either level.
+void add_sparse_shapes(const MlaConfig& c, std::map<std::string, std::vector<int64_t>>& m) {
+  if (c.topk > 0) m["indices"] = {c.batch, c.s_q, c.topk};
+  if (c.attn_sink) m["attn_sink"] = {c.heads};
 }
+
+// Each listed slot in [0, T_b), no slot twice in a row (a kernel would attend it twice).
+void validate_indices(const Case& k) {
+  const MlaConfig& c = k.cfg;
+  const Tensor& ix = k.get("indices");
+  for (int b = 0; b < c.batch; ++b)
+    for (int i = 0; i < c.s_q; ++i) {
+      std::vector<int64_t> seen;
+      for (int j = 0; j < c.topk; ++j) {
+        const double v = ix.at({b, i, j});
+        const std::string at =
+            "[" + std::to_string(b) + ", " + std::to_string(i) + ", " + std::to_string(j) + "]";
+        if (v == -1) continue;
+        if (!(v >= 0 && v < c.seqlens[size_t(b)]))
+          throw ConfigError("indices", "slot " + std::to_string(int64_t(v)) + " at " + at +
+                                           " is outside [0, T_b = " +
+                                           std::to_string(c.seqlens[size_t(b)]) + ") (pad with -1)");
+        seen.push_back(int64_t(v));
+      }
+      std::sort(seen.begin(), seen.end());
+      if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+        throw ConfigError("indices", "row [" + std::to_string(b) + ", " + std::to_string(i) +
+                                         "] lists a slot twice");
+    }
+}
+
+}  // namespace
 
 std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfig& c, int64_t t_max,
                                                                   int64_t p_max) {
@@ -78,6 +159,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
     if (c.norm == NormMode::None)
       m.erase("alpha_q"), m.erase("alpha_k");  // plain MLA: no statistics
     if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};
+    add_sparse_shapes(c, m);
     return m;
   }
   std::map<std::string, std::vector<int64_t>> m = {
@@ -98,6 +180,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
   } else if (c.norm == NormMode::Unified) {
     m["gamma_q"] = m["gamma_k"] = {c.d_c + c.d_r};
   }
+  add_sparse_shapes(c, m);
   return m;
 }
 
@@ -150,10 +233,13 @@ void validate_case(const Case& k) {
     if (name.rfind("ref.", 0) == 0 || name == "kv_c" || name == "k_pe" || name == "k_rope" ||
         name == "alpha_k" || name == "kv_c_scale")
       continue;
+    // A sink of -inf is no sink (conventions §1.5); NaN and +inf are refused.
+    const bool sink = name == "attn_sink";
     for (int64_t i = 0; i < t.numel(); ++i)
-      if (!std::isfinite(t[i]))
+      if (!std::isfinite(t[i]) && !(sink && t[i] == -std::numeric_limits<double>::infinity()))
         throw ConfigError(name, "non-finite value at flat index " + std::to_string(i));
   }
+  if (c.topk > 0) validate_indices(k);
   if (c.profile == Profile::FP8) {
     const Tensor& s = k.get("kv_c_scale");
     for (int b = 0; b < c.batch; ++b)

@@ -17,7 +17,18 @@ struct Case {
   bool has(const std::string& name) const { return tensors.count(name) != 0; }
   int64_t t_max() const { return get("kv_c").shape[1]; }
   int64_t p_max() const { return get("rope_cos").shape[0]; }
-  bool causal_visible(int b, int i, int64_t t) const;  // is cached token t visible to query i?
+  // Is cached token t visible to query (b, i)? The causal window of conventions §1.1 (widened by
+  // `extra`: the causal_off_by_one mutant), or under top-k (§1.5) the row's index set, each slot
+  // read as slot + `shift` (a mutant). Slots t >= T_b are never visible.
+  bool visible(int b, int i, int64_t t, int extra = 0, int shift = 0) const;
+  // The visible tokens in the order a kernel visits them: ascending, or under top-k the index
+  // set's order (-1 pads skipped).
+  std::vector<int64_t> tokens(int b, int i, int extra = 0, int shift = 0) const;
+  // Top-k only: each row's index set, sorted [B * S_q][<= topk] (set by attach_latent; read from
+  // `indices` when absent).
+  std::shared_ptr<const std::vector<std::vector<int64_t>>> topk_sorted;
+  // The sink logit of head h (conventions §1.5); only when cfg.attn_sink.
+  double sink(int h) const { return get("attn_sink")[h]; }
   int64_t pos(int b, int i) const { return cfg.seqlens[size_t(b)] - cfg.s_q + i; }
   // The latent cache values c every implementation reads [B, T_max, r]: kv_c itself, or in the
   // fp8 profile the dequantized cache code x kv_c_scale (exact in double; conventions §3). Set by
@@ -26,7 +37,7 @@ struct Case {
   std::shared_ptr<const Tensor> dequant;
 };
 
-// Sets k.dequant when the case carries kv_c_scale (fp8 profile); no-op otherwise.
+// Sets k.dequant when the case carries kv_c_scale (fp8 profile) and k.topk_sorted under top-k.
 void attach_latent(Case& k);
 
 // fp8 profile: per token, scale_t = amax_t / 448 rounded to fp32 (1 for an all-zero row) and

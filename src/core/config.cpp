@@ -120,6 +120,9 @@ void MlaConfig::validate() const {
     throw ConfigError("eps", "must be finite and > 0 (eps = 0 needs \"allow_zero_eps\": true)");
   if (!std::isfinite(softmax_scale) || softmax_scale <= 0)
     throw ConfigError("softmax_scale", "must be finite and > 0");
+  if (topk < 0) throw ConfigError("topk", "must be >= 0 (0: dense), got " + std::to_string(topk));
+  if (double(topk) * batch * s_q > 0x1p40)
+    throw ConfigError("topk", "the index tensor would hold more than 2^40 entries");
 }
 
 std::string config_to_json(const MlaConfig& c) {
@@ -140,6 +143,8 @@ std::string config_to_json(const MlaConfig& c) {
   j["rope_order"] = to_string(c.rope_order);
   j["rope_style"] = to_string(c.rope_style);
   j["causal"] = c.causal;
+  if (c.topk > 0) j["topk"] = c.topk;
+  if (c.attn_sink) j["attn_sink"] = true;
   j["profile"] = to_string(c.profile);
   j["level"] = to_string(c.level);
   j["preset"] = c.preset;
@@ -211,6 +216,10 @@ void read_key(MlaConfig& c, const std::string& key, const nlohmann::json& v) {
     boolean(c.allow_zero_eps);
   else if (key == "causal")
     boolean(c.causal);
+  else if (key == "topk")
+    read_int(v, key, c.topk);
+  else if (key == "attn_sink")
+    boolean(c.attn_sink);
   else if (key == "preset")
     c.preset = text();
   else if (key == "scenario")

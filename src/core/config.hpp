@@ -39,6 +39,11 @@ struct MlaConfig {
   RopeOrder rope_order = RopeOrder::NormThenRope;
   RopeStyle rope_style = RopeStyle::Interleaved;
   bool causal = true;
+  // conventions §1.5. topk > 0: each query row attends only the cache slots listed in `indices`
+  // [B, S_q, topk] (-1 pads), which replace the causal window. attn_sink: a per-head sink logit
+  // `attn_sink` [H] scales out by exp(lse) / (exp(lse) + exp(s_h)); lse is unchanged.
+  int topk = 0;
+  bool attn_sink = false;
   Profile profile = Profile::BF16;
   Level level = Level::Module;
   // Provenance only: they do not define the math.

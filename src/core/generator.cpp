@@ -1,9 +1,11 @@
 #include "core/generator.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <thread>
 
+#include "core/attention_math.hpp"
 #include "core/rng.hpp"
 #include "core/rope.hpp"
 
@@ -69,6 +71,41 @@ void round_once(Tensor& t) {
   second.join();
 }
 
+// conventions §1.5, from a stream of their own, so the dense tensors are those of the same seed
+// without --topk or --attn-sink. Index sets: per row a length drawn in [ceil(n/2), n] (n = min(topk,
+// the causal window)), distinct slots of the window in random order (an indexer returns them by
+// score, not position), -1 after. Sinks: ln(T_max) + U(-3, 3) per head, so the factor
+// 1 / (1 + exp(s - lse)) spans ~0.05-0.95; with H >= 4 the last head's sink is -inf (no sink).
+void draw_sparse(Case& k) {
+  const MlaConfig& c = k.cfg;
+  Rng rng(c.seed ^ 0x5ca7'7e5e'd5e7'0001ull);
+  if (c.topk > 0) {
+    Tensor ix(DType::I32, {c.batch, c.s_q, c.topk}, -1.0);
+    for (int b = 0; b < c.batch; ++b)
+      for (int i = 0; i < c.s_q; ++i) {
+        const int64_t T = c.seqlens[size_t(b)];
+        std::vector<int64_t> window;
+        for (int64_t t = 0; t < T; ++t)
+          if (token_visible(c.causal, T, c.s_q, i, t)) window.push_back(t);
+        const int64_t n = std::min<int64_t>(c.topk, int64_t(window.size()));
+        const int64_t len = n == 0 ? 0 : (n + 1) / 2 + int64_t(rng.below(uint64_t(n - (n + 1) / 2 + 1)));
+        for (int64_t j = 0; j < len; ++j) {  // partial Fisher-Yates
+          const int64_t pick = j + int64_t(rng.below(uint64_t(int64_t(window.size()) - j)));
+          std::swap(window[size_t(j)], window[size_t(pick)]);
+          ix.at({b, i, j}) = double(window[size_t(j)]);
+        }
+      }
+    k.tensors["indices"] = std::move(ix);
+  }
+  if (c.attn_sink) {
+    Tensor s(DType::F32, {c.heads});
+    const double base = std::log(double(std::max(c.max_seqlen(), 1)));
+    for (int h = 0; h < c.heads; ++h) s[h] = round_to(DType::F32, base + 6.0 * rng.uniform() - 3.0);
+    if (c.heads >= 4) s[c.heads - 1] = -std::numeric_limits<double>::infinity();
+    k.tensors["attn_sink"] = std::move(s);
+  }
+}
+
 }  // namespace
 
 Case generate_case(const MlaConfig& cfg_in) {
@@ -83,7 +120,8 @@ Case generate_case(const MlaConfig& cfg_in) {
   const int64_t t_max = cfg.max_seqlen() + kCachePadding, p_max = t_max + kCachePadding;
   Case k{cfg, {}, nullptr};
   for (const auto& [name, shape] : expected_input_shapes(cfg, t_max, p_max))
-    if (name != "kv_c_scale") k.tensors[name] = Tensor(name == "seqlens" ? DType::I32 : d, shape);
+    if (name != "kv_c_scale" && name != "indices" && name != "attn_sink")
+      k.tensors[name] = Tensor(name == "seqlens" ? DType::I32 : d, shape);
   Rng rng(cfg.seed);
   // Fixed draw order: the checksum test pins it.
   fill(k.tensors["q_nope"], rng, draw.q_scale);
@@ -115,8 +153,10 @@ Case generate_case(const MlaConfig& cfg_in) {
     }
   }
   make_rope_tables(p_max, cfg.d_r, 10000.0, k.tensors["rope_cos"], k.tensors["rope_sin"]);
+  draw_sparse(k);
   // fp8: the bf16 cache above (the same bits as the bf16 profile's case of this seed), quantized.
   if (cfg.profile == Profile::FP8) quantize_fp8_cache(k);
+  attach_latent(k);
   return k;
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/attention_math.hpp"
+#include "core/case.hpp"
 #include "core/config.hpp"
 
 namespace qkmla {
@@ -18,6 +20,9 @@ enum class EpsPlacement { Inside, OutsideSqrt, Dropped };
 // unscaled scores logit / sigma; or with the row maximum taken before the scale (m / sigma +
 // log sum exp(logit - m): a FlashAttention-style kernel that forgets to scale its running max).
 enum class LseForm { Natural, Base2, Unscaled, MaxUnscaled };
+// How an attention sink (conventions §1.5) is applied: to out only (correct); also folded into the
+// returned lse, log(exp(lse) + exp(s_h)); or not at all.
+enum class SinkForm { OutOnly, AlsoLse, Ignored };
 
 struct Perturbation {
   int gamma_k_power = 1;  // gamma_ck applied this many times in q_latent (0, 1, 2)
@@ -33,6 +38,8 @@ struct Perturbation {
   int causal_extra = 0;                  // a causal query also sees pos(i) + causal_extra
   bool swap_rope_order = false;          // the rope order the config does not say
   bool lse_base2 = false;                // lse reported in base 2
+  int topk_shift = 0;                    // top-k: each listed slot read as slot + shift
+  SinkForm sink = SinkForm::OutOnly;     // how the attention sink is applied
   // Conventions a diagnosis tries (harness/diagnose.hpp); no conventions §7 mutant sets these.
   LseForm lse_form = LseForm::Natural;
   int gamma_q_power = 1;                  // gamma_cq in q_latent: 1, or 0 (missing)
@@ -58,6 +65,7 @@ struct Perturbation {
            scale_dc_only == o.scale_dc_only && drop_alpha_q == o.drop_alpha_q &&
            score_lowp == o.score_lowp && causal_extra == o.causal_extra &&
            swap_rope_order == o.swap_rope_order && lse_base2 == o.lse_base2 &&
+           topk_shift == o.topk_shift && sink == o.sink &&
            lse_form == o.lse_form && gamma_q_power == o.gamma_q_power &&
            no_rope_gain_q == o.no_rope_gain_q && no_rope_gain_k == o.no_rope_gain_k &&
            mean_over_d_minus_1 == o.mean_over_d_minus_1 &&
@@ -82,8 +90,12 @@ inline double softmax_scale(const Perturbation& p, const MlaConfig& c) {
   return p.scale_dc_only ? 1.0 / std::sqrt(double(c.d_c)) : c.softmax_scale;
 }
 
-inline bool visible(const Perturbation& p, const MlaConfig& c, int64_t T_b, int i, int64_t t) {
-  return token_visible(c.causal, T_b, c.s_q, i, t, p.causal_extra);
+// Which cached tokens query (b, i) sees, and in which order a kernel visits them (core/case.hpp).
+inline bool visible(const Perturbation& p, const Case& k, int b, int i, int64_t t) {
+  return k.visible(b, i, t, p.causal_extra, p.topk_shift);
+}
+inline std::vector<int64_t> tokens(const Perturbation& p, const Case& k, int b, int i) {
+  return k.tokens(b, i, p.causal_extra, p.topk_shift);
 }
 
 // The cached token whose alpha_k scales token t's score.
@@ -138,6 +150,22 @@ T alpha_q_applied(const Perturbation& p, const T& alpha_q) {
 template <class T>
 T lse_out(const Perturbation& p, const T& lse, const T& ln2) {
   return p.lse_base2 || p.lse_form == LseForm::Base2 ? T(lse / ln2) : lse;
+}
+
+// The factor out (and latent_out) of a row is multiplied by under an attention sink s_h (1
+// without one, or when the sink is ignored).
+template <class T>
+T sink_scale(const Perturbation& p, bool has_sink, const T& s, const T& lse) {
+  return has_sink && p.sink != SinkForm::Ignored ? sink_factor(s, lse) : T(1);
+}
+
+// The lse a row returns: unchanged by the sink (FlashMLA), unless the sink is folded in.
+template <class T>
+T sink_lse(const Perturbation& p, bool has_sink, const T& s, const T& lse) {
+  using std::log;
+  using std::exp;
+  if (!has_sink || p.sink != SinkForm::AlsoLse) return lse;
+  return lse > s ? T(lse + log(T(1) + exp(T(s - lse)))) : T(s + log(T(1) + exp(T(lse - s))));
 }
 
 }  // namespace hook

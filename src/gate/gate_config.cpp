@@ -78,7 +78,8 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
   if (!entries || entries->empty()) throw InputError(path, "entry", "needs at least one [[entry]]");
   static const std::set<std::string> keys = {"name",    "presets",     "scenarios", "profiles",
                                              "norms",   "rope_orders", "impls",     "seeds",
-                                             "seqlens", "sq",          "expect"};
+                                             "seqlens", "sq",          "expect",
+                                             "topk",    "attn_sink"};
   for (size_t i = 0; i < entries->size(); ++i) {
     const toml::table* e = (*entries)[i].as_table();
     const std::string where = fmt::format("entry[{}]", i);
@@ -101,6 +102,9 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
     for (int64_t s : list<int64_t>(path, where, *e, "seqlens", {0, 17, 40}))
       g.seqlens.push_back(int(s));
     g.sq = int((*e)["sq"].value_or(int64_t(1)));
+    g.topk = int((*e)["topk"].value_or(int64_t(0)));
+    if (g.topk < 0) throw InputError(path, where + ".topk", "must be >= 0");
+    g.attn_sink = (*e)["attn_sink"].value_or(false);
     const std::string expect = (*e)["expect"].value_or(std::string("pass"));
     if (expect != "pass" && expect != "fail")
       throw InputError(path, where + ".expect", "must be \"pass\" or \"fail\"");
@@ -150,13 +154,17 @@ std::vector<GateJob> expand_jobs(const GateConfig& c) {
                 cfg.seqlens = e.seqlens;
                 cfg.batch = int(e.seqlens.size());
                 cfg.s_q = e.sq;
+                cfg.topk = e.topk;
+                cfg.attn_sink = e.attn_sink;
                 cfg.scenario = scenario;
                 cfg.profile = parse_profile(profile);
                 cfg.norm = parse_norm(norm);
                 cfg.rope_order = parse_rope_order(order);
                 cfg.seed = seed;
-                const std::string label = fmt::format("{}/{}/{}/{}/{}/seed{}", preset, scenario,
-                                                      profile, norm, order, seed);
+                const std::string label =
+                    fmt::format("{}/{}/{}/{}/{}/seed{}{}{}", preset, scenario, profile, norm, order,
+                                seed, e.topk ? fmt::format("/topk{}", e.topk) : "",
+                                e.attn_sink ? "/sink" : "");
                 jobs.push_back({ei, cfg, label});
               }
   }

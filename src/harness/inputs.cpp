@@ -47,8 +47,9 @@ Profile profile_of(const std::map<std::string, Tensor>& t, const std::string& pa
 
 // The dtype each input is stored in by `p` (conventions §3), or I32 for seqlens.
 DType stored_as(const std::string& name, Profile p) {
-  if (name == "seqlens") return DType::I32;
-  if (name == "rope_cos" || name == "rope_sin" || name == "kv_c_scale") return DType::F32;
+  if (name == "seqlens" || name == "indices") return DType::I32;
+  if (name == "rope_cos" || name == "rope_sin" || name == "kv_c_scale" || name == "attn_sink")
+    return DType::F32;
   if (name == "kv_c" && p == Profile::FP8) return DType::F8_E4M3;
   return stored_dtype(p);
 }
@@ -113,6 +114,8 @@ MlaConfig infer_config(const std::map<std::string, Tensor>& t, const std::string
            : t.count("gamma_q") ? NormMode::Unified
                                 : NormMode::None;
   c.profile = profile_of(t, path);
+  if (t.count("indices")) c.topk = as_int(need(t, "indices", path, 3).shape[2], path, "indices");
+  c.attn_sink = t.count("attn_sink") > 0;
   c.preset = "inputs";
   c.scenario = "inputs";
   c.seed = 0;

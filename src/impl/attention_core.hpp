@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -144,6 +145,23 @@ Acc lse_in_form(LseForm form, const std::vector<Acc>& logits, Acc lse, Acc scale
     Acc sum = 0;                     // Unscaled: log sum exp(l / sigma)
     for (Acc l : logits) sum += std::exp((l - m) / scale);
     return m / scale + std::log(sum);
+  }
+}
+
+// conventions §1.5: an attention sink multiplies a row's normalized accumulator (out, or
+// latent_out) by 1 / (1 + exp(s_h - lse)) in Acc, before the output rounding, as FlashMLA does;
+// returns the lse the row reports (unchanged by a correct sink). The error-bound type has no
+// proven step for the sink: the registry gives no bounds for sink cases.
+template <class Acc>
+Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector<Acc>& acc) {
+  if (!k.cfg.attn_sink) return lse;
+  if constexpr (!std::is_floating_point_v<Acc>) {
+    throw std::logic_error("no proven error bound for an attention sink");
+  } else {
+    const Acc s = Acc(k.sink(h));
+    const Acc f = hook::sink_scale(p, true, s, lse);
+    for (Acc& x : acc) x = product(x, f);
+    return hook::sink_lse(p, true, s, lse);
   }
 }
 

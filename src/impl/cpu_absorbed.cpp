@@ -93,12 +93,11 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
           latent_query(k, b, i, h, s.v, p, wk, wk_merged, constant<Acc>(cf.eps), d);
       if (stats) o.tensors["alpha_q"].at({b, i, h}) = double(q.alpha_q);
       const int g = hook::group_of(p, cf, h);
-      std::vector<int64_t> tokens;
-      for (int64_t t = 0; t < T; ++t)
-        if (hook::visible(p, cf, T, i, t)) tokens.push_back(t);
+      const std::vector<int64_t> tokens = hook::tokens(p, k, b, i);
       std::vector<Acc> lat;
       const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, RowRounding::of(d, A), lat);
-      o.tensors["lse"].at({b, i, h}) = double(hook::lse_out(p, lse, Acc(std::log(2.0))));
+      o.tensors["lse"].at({b, i, h}) =
+          double(hook::lse_out(p, apply_sink(k, p, h, lse, lat), Acc(std::log(2.0))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6

@@ -181,9 +181,7 @@ Outputs run(const Case& k, const Design& d) {
           if (c.group_of(h) != g) continue;
           const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d, sigma);
           aq.at({b, i, h}) = double(q.alpha_q);
-          std::vector<int64_t> tokens;
-          for (int64_t t = 0; t < T; ++t)
-            if (token_visible(c.causal, T, S, i, t)) tokens.push_back(t);
+          const std::vector<int64_t> tokens = k.tokens(b, i);
           auto logit = [&](int64_t t) {  // E.5
             Acc content = dot(q.qc.data(), e.kc.data() + t * dc, dc);
             Acc rope = dot(q.qr.data(), e.kr.data() + t * dr, dr);
@@ -192,7 +190,8 @@ Outputs run(const Case& k, const Design& d) {
           };
           auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
-          lse.at({b, i, h}) = double(attend_row(tokens, logit, value, dv, acc, rr));  // E.6-E.7
+          const Acc l = attend_row(tokens, logit, value, dv, acc, rr);  // E.6-E.7
+          lse.at({b, i, h}) = double(apply_sink(k, Perturbation{}, h, l, acc));
           for (int j = 0; j < dv; ++j)
             out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
         }

@@ -9,6 +9,8 @@ std::string gpu_not_applicable(const MlaConfig& c) {
   if (c.profile == Profile::FP64) return "the kernels have no fp64 profile";
   if (c.norm == NormMode::None)
     return "the kernels implement QK-normed MLA only (norm none is not built)";
+  if (c.topk > 0 || c.attn_sink)
+    return "the kernels implement dense attention without sinks (conventions §10)";
   return "";
 }
 

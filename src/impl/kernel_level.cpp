@@ -52,11 +52,13 @@ Case kernel_case_t(const Case& k) {
     kc.tensors["alpha_q"] = std::move(aq);
     kc.tensors["alpha_k"] = std::move(ak);
   }
+  for (const char* name : {"indices", "attn_sink"})  // conventions §1.5: read as given
+    if (k.has(name)) kc.tensors[name] = k.get(name);
   if (cf.profile == Profile::FP8) {  // the kernel reads the e4m3 codes and their scales themselves
     kc.tensors["kv_c"] = k.get("kv_c");
     kc.tensors["kv_c_scale"] = k.get("kv_c_scale");
-    attach_latent(kc);
   }
+  attach_latent(kc);
   return kc;
 }
 
@@ -106,16 +108,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
           for (Acc& x : q.rope) x = round_point(d.rope, A, x * sigma);
         }
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
-        std::vector<int64_t> tokens;
-        for (int64_t t = 0; t < T; ++t)
-          if (hook::visible(pt, cf, T, i, t)) tokens.push_back(t);
+        const std::vector<int64_t> tokens = hook::tokens(pt, k, b, i);
         std::vector<Acc> lat;
-        lse[row] =
-            double(hook::lse_out(pt,
-                                 latent_attend(cf, q, cache, cf.group_of(h), tokens,
-                                               design_scale<Acc>(d, hook::softmax_scale(pt, cf)),
-                                               pt, RowRounding::of(d, A), lat),
-                                 Acc(std::log(2.0))));
+        const Acc l = latent_attend(cf, q, cache, cf.group_of(h), tokens,
+                                    design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
+                                    RowRounding::of(d, A), lat);
+        lse[row] = double(hook::lse_out(pt, apply_sink(k, pt, h, l, lat), Acc(std::log(2.0))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }

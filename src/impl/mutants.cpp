@@ -47,6 +47,12 @@ const std::vector<Mutant>& mutants() {
       mutant("rope_order_swapped", "rope_then_norm where the config says norm_then_rope",
              [](Perturbation& p) { p.swap_rope_order = true; }),
       mutant("lse_base2", "lse reported in base 2", [](Perturbation& p) { p.lse_base2 = true; }),
+      mutant("topk_off_by_one", "top-k: each listed slot read as slot + 1",
+             [](Perturbation& p) { p.topk_shift = 1; }),
+      mutant("sink_in_lse", "attention sink also folded into the returned lse",
+             [](Perturbation& p) { p.sink = SinkForm::AlsoLse; }),
+      mutant("sink_ignored", "attention sink not applied",
+             [](Perturbation& p) { p.sink = SinkForm::Ignored; }),
   };
   return all;
 }
@@ -79,6 +85,9 @@ std::string mutant_not_applicable(const Mutant& m, const MlaConfig& c) {
     return c.d_r == 0 ? "no rope part: the scale is already 1/sqrt(d_c)"
                       : "softmax_scale already equals 1/sqrt(d_c)";
   if (p.causal_extra != 0 && (!c.causal || c.s_q < 2)) return "needs a causal case with S_q >= 2";
+  if (p.causal_extra != 0 && c.topk > 0) return "top-k: the index set replaces the causal window";
+  if (p.topk_shift != 0 && c.topk == 0) return "needs a top-k case (--topk)";
+  if (p.sink != SinkForm::OutOnly && !c.attn_sink) return "needs attention sinks (--attn-sink)";
   if (p.alpha_k_shift != 0) {
     bool any = false;
     for (int t : c.seqlens) any |= t >= 2;
