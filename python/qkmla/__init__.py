@@ -102,12 +102,20 @@ def _to_torch(torch, x):
 def golden(preset=None, profile=None, seqlen=None, seqlens=None, sq=None, level="module",
            scenario=None, seed=None, heads=None, groups=None, latent_rank=None, d_c=None, d_r=None,
            d_v=None, norm=None, rope_order=None, rope_style=None, causal=None, ref_bits=113,
-           inputs=None, round_inputs=False, config=None, layout=None, page_size=64):
+           inputs=None, round_inputs=False, config=None, layout=None, page_size=64, topk=None,
+           attn_sink=None):
     """A golden case, as `qkmla golden` makes it. Generated from the seed (defaults: preset tiny,
     profile bf16, one sequence of 64 tokens), or from `inputs` (name -> array, conventions §2 names; the
-    config from the arguments given and `config`, else inferred from shapes and dtypes)."""
+    config from the arguments given and `config`, else inferred from shapes and dtypes).
+    `topk=K` draws sparse index sets, `attn_sink=True` per-head sink logits (conventions §1.5)."""
     if seqlen is not None and seqlens is not None:
         raise QkmlaError("give seqlen or seqlens, not both")
+    if topk is not None or attn_sink is not None:
+        config = dict(config or {})
+        if topk is not None:
+            config["topk"] = int(topk)
+        if attn_sink is not None:
+            config["attn_sink"] = bool(attn_sink)
     given = dict(preset=preset, profile=profile, scenario=scenario, seed=seed, heads=heads,
                  groups=groups, latent_rank=latent_rank, d_c=d_c, d_r=d_r, d_v=d_v, norm=norm,
                  rope_order=rope_order, rope_style=rope_style, causal=causal, sq=sq,

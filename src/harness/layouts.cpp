@@ -98,6 +98,17 @@ void add_flashmla(const Case& k, const Paging& g, int P, std::map<std::string, T
     scatter(k.get("alpha_k"), c, g, P, ak, c.groups, 0);
     out["flashmla.alpha_k_cache"] = std::move(ak);
   }
+  if (c.topk > 0) {  // FlashMLA's sparse interface: global cache slots page * P + offset, -1 kept
+    Tensor ix = k.get("indices");
+    for (int64_t n = 0; n < ix.numel(); ++n)
+      if (ix[n] >= 0) {
+        const int b = int(n / (int64_t(c.s_q) * c.topk));
+        const int64_t t = int64_t(ix[n]);
+        ix[n] = double(g.pages[size_t(b)][size_t(t / P)] * P + t % P);
+      }
+    out["flashmla.indices"] = std::move(ix);
+  }
+  if (c.attn_sink) out["flashmla.attn_sink"] = k.get("attn_sink");  // [H] fp32
 }
 
 void add_flashinfer(const Case& k, const Paging& g, int P, std::map<std::string, Tensor>& out) {
@@ -179,6 +190,10 @@ std::map<std::string, Tensor> paged_inputs(const Case& k, Layout l, int page_siz
                       "flashmla with the fp8 profile: FlashMLA's fp8 cache format "
                       "(per-128 scales, 656 bytes per token) is not offered "
                       "(docs/layouts.md)");
+  if (l == Layout::FlashInfer && (c.topk > 0 || c.attn_sink))
+    throw ConfigError("layout",
+                      "flashinfer: its MLA paged interface takes neither top-k indices nor sinks "
+                      "(use --layout flashmla, or the dense case)");
   std::map<std::string, Tensor> out;
   if (l == Layout::Dense) return out;
   const Paging g = assign_pages(c, page_size);

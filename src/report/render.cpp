@@ -16,16 +16,23 @@ namespace qkmla {
 
 namespace {
 
+// conventions §1.5 features, when the case has them.
+std::string sparse_note(const MlaConfig& c) {
+  return (c.topk > 0 ? fmt::format(", top-k {}", c.topk) : std::string()) +
+         (c.attn_sink ? ", attention sinks" : "");
+}
+
 std::string case_line(const MlaConfig& c) {
   std::string seqlens;
   for (size_t i = 0; i < c.seqlens.size(); ++i)
     seqlens += (i ? "," : "") + std::to_string(c.seqlens[i]);
   return fmt::format(
-      "preset {} (H={} G={} r={} d_c={} d_r={} d_v={}), batch {}, S_q {}, seqlens [{}], "
-      "scenario {}, seed {}, norm {}, {}, {}, {}, eps {:g}, softmax_scale {:.17g}",
-      c.preset, c.heads, c.groups, c.latent_rank, c.d_c, c.d_r, c.d_v, c.batch, c.s_q, seqlens,
-      c.scenario, c.seed, to_string(c.norm), to_string(c.rope_order), to_string(c.rope_style),
-      c.causal ? "causal" : "non-causal", c.eps, c.softmax_scale);
+             "preset {} (H={} G={} r={} d_c={} d_r={} d_v={}), batch {}, S_q {}, seqlens [{}], "
+             "scenario {}, seed {}, norm {}, {}, {}, {}, eps {:g}, softmax_scale {:.17g}",
+             c.preset, c.heads, c.groups, c.latent_rank, c.d_c, c.d_r, c.d_v, c.batch, c.s_q,
+             seqlens, c.scenario, c.seed, to_string(c.norm), to_string(c.rope_order),
+             to_string(c.rope_style), c.causal ? "causal" : "non-causal", c.eps, c.softmax_scale) +
+         sparse_note(c);
 }
 
 std::string reference_lines(const Report& r, const char* bullet) {
@@ -77,7 +84,8 @@ std::string short_case(const MlaConfig& c) {
   for (size_t i = 0; i < c.seqlens.size(); ++i)
     seqlens += (i ? "," : "") + std::to_string(c.seqlens[i]);
   return fmt::format("{}, seqlens [{}], S_q {}, {}, seed {}, norm {}", c.preset, seqlens, c.s_q,
-                     c.scenario, c.seed, to_string(c.norm));
+                     c.scenario, c.seed, to_string(c.norm)) +
+         sparse_note(c);
 }
 
 }  // namespace

@@ -7,8 +7,11 @@ kernels written from docs/layouts.md alone (tests/zoo/paged_kernels.py).
 For each seed, layout (flashmla, flashinfer), profile (fp32, bf16, fp16, fp8; FlashMLA has no fp8
 here) and norm (blockwise, unified, none) drawn from the seed: the correct kernel must PASS
 (exit 0) and each integration bug must FAIL (exit 1) where it changes the outputs, the diagnosis
-naming the convention where one exists (a transposed or base-2 lse). Exit 1 on any
-false alarm or missed bug, with the seed and the command to reproduce it.
+naming the convention where one exists (a transposed or base-2 lse). FlashMLA cases draw sparse
+top-k (`--topk K`) and attention sinks (`--attn-sink`) from the seed, each often, and run the
+top-k and sink bugs only on the cases that have them; FlashInfer refuses both, which each run
+asserts once (`golden --layout flashinfer --topk 4` must exit 2). Exit 1 on any false alarm or
+missed bug, with the seed and the command to reproduce it.
 """
 import argparse
 import os
@@ -22,15 +25,19 @@ KERNELS = os.path.join(HERE, "..", "zoo", "paged_kernels.py")
 DIAGNOSIS = {"lse_transposed": "softmax_lse_order=[B,S_q,H]", "lse_base2": "lse_base=2"}
 BUGS = {"flashmla": ["block_table_shift", "lse_transposed", "no_alpha", "reads_past_len"],
         "flashinfer": ["block_table_shift", "lse_base2", "no_alpha", "reads_past_len"]}
+TOPK_BUGS = ["topk_off_by_one"]          # FlashMLA top-k cases only
+SINK_BUGS = ["sink_in_lse", "sink_ignored"]  # FlashMLA sink cases only
 
 
 def same_outputs(a, b):
+    import ml_dtypes  # noqa: F401  (registers bfloat16 / float8 with numpy: safetensors needs it)
     from safetensors.numpy import load_file
     import numpy as np
     try:
         x, y = load_file(a), load_file(b)
     except Exception:
-        return False
+        with open(a, "rb") as f, open(b, "rb") as g:   # unreadable: byte-identical files only
+            return f.read() == g.read()
     return x.keys() == y.keys() and all(
         x[k].shape == y[k].shape and np.array_equal(x[k].view(np.uint8), y[k].view(np.uint8)) for k in x)
 
@@ -48,6 +55,15 @@ def main():
     lo, hi = (int(x) for x in a.seeds.split("-"))
     os.makedirs(a.work, exist_ok=True)
     bad, audits = [], 0
+    # FlashInfer's MLA interface has no top-k indices: golden must refuse it clearly (exit 2).
+    refuse = [a.binary, "golden", "--preset", "tiny", "--profile", "fp32", "--batch", "2",
+              "--seqlen", "16", "--layout", "flashinfer", "--topk", "4",
+              "-o", os.path.join(a.work, "refused.safetensors")]
+    rf = run(refuse)
+    print(f"flashinfer --topk 4 refused: exit {rf.returncode}")
+    if rf.returncode != 2:
+        bad.append(f"golden --layout flashinfer --topk 4 exited {rf.returncode}, not 2  "
+                   f"(reproduce: {' '.join(refuse)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
     for seed in range(lo, hi + 1):
         rng = random.Random(seed)
         layout = ["flashmla", "flashinfer"][seed % 2]
@@ -56,15 +72,23 @@ def main():
         sq = rng.choice([1, 2])
         seqlens = [rng.choice([0, sq, rng.randint(1, 90)]) for _ in range(3)] + [rng.randint(20, 150)]
         page = rng.choice([4, 16, 64])
+        topk = sink = 0
+        if layout == "flashmla":              # FlashInfer refuses both (docs/layouts.md)
+            topk = rng.randint(4, 40) if rng.random() < 0.6 else 0
+            sink = rng.random() < 0.6
+        extra = (["--topk", str(topk)] if topk else []) + (["--attn-sink"] if sink else [])
         case = os.path.join(a.work, f"case{seed}.safetensors")
-        g = run([a.binary, "golden", "--preset", "tiny", "--profile", profile, "--norm", norm,
-                 "--sq", str(sq), "--batch", str(len(seqlens)),
-                 "--seqlens", ",".join(map(str, seqlens)), "--seed", str(seed), "--layout", layout,
-                 "--page-size", str(page), "-o", case])
+        gcmd = [a.binary, "golden", "--preset", "tiny", "--profile", profile, "--norm", norm,
+                "--sq", str(sq), "--batch", str(len(seqlens)),
+                "--seqlens", ",".join(map(str, seqlens)), "--seed", str(seed), "--layout", layout,
+                "--page-size", str(page)] + extra + ["-o", case]
+        g = run(gcmd)
         if g.returncode != 0:
-            bad.append(f"seed {seed}: golden failed: {g.stderr.strip()}")
+            bad.append(f"seed {seed}: golden failed: {g.stderr.strip()}  (reproduce: {' '.join(gcmd)})")
             continue
-        for bug in [None] + [b for b in BUGS[layout] if not (b == "no_alpha" and norm == "none")]:
+        bugs = [b for b in BUGS[layout] if not (b == "no_alpha" and norm == "none")]
+        bugs += (TOPK_BUGS if topk else []) + (SINK_BUGS if sink else [])
+        for bug in [None] + bugs:
             outs = os.path.join(a.work, f"out{seed}_{bug or 'correct'}.safetensors")
             k = [sys.executable, KERNELS, case, outs, "--layout", layout] + (["--bug", bug] if bug else [])
             r = run(k)
@@ -77,7 +101,9 @@ def main():
             audits += 1
             want = 0 if bug is None else 1
             verdict = "PASS" if au.returncode == 0 else "FAIL" if au.returncode == 1 else f"exit {au.returncode}"
-            line = f"seed {seed} {layout} {profile} {norm} sq={sq} page={page} {bug or 'correct'}: {verdict}"
+            feats = (f" topk={topk}" if topk else "") + (" sink" if sink else "")
+            line = (f"seed {seed} {layout} {profile} {norm} sq={sq} page={page}{feats} "
+                    f"{bug or 'correct'}: {verdict}")
             print(line)
             if bug in DIAGNOSIS and au.returncode == 1 and DIAGNOSIS[bug] not in au.stdout.replace("\n", " "):
                 line += f" (diagnosis does not name {DIAGNOSIS[bug]})"

@@ -12,6 +12,11 @@ Only the tensors prefixed `flashmla.` / `flashinfer.` and the config in the meta
 Each sequence's pages are walked through the block table (flashmla) or kv_indptr/kv_indices
 (flashinfer); logits, a max-subtracted softmax, latent_out and lse are computed in float32
 (float64 when the stored dtype is float64).  --bug injects a plausible integration mistake.
+
+FlashMLA also takes sparse top-k (config `topk` > 0: `flashmla.indices [B, S_q, K]`, global
+cache slots page * P + offset, -1 pads; exactly the listed slots are attended, in index order,
+instead of the causal window) and attention sinks (config `attn_sink`: `flashmla.attn_sink [H]`;
+the output is scaled by 1 / (1 + exp(s_h - lse)) before it is stored, lse is returned without it).
 """
 import argparse, json, math, struct, sys
 
@@ -21,7 +26,8 @@ import numpy as np
 DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
       "F8_E4M3": ml_dtypes.float8_e4m3fn, "I64": np.int64, "I32": np.int32, "U8": np.uint8}
 DT_NAME = {np.dtype(v): k for k, v in DT.items()}
-BUGS = ["block_table_shift", "lse_transposed", "lse_base2", "no_alpha", "reads_past_len"]
+BUGS = ["block_table_shift", "lse_transposed", "lse_base2", "no_alpha", "reads_past_len",
+        "topk_off_by_one", "sink_in_lse", "sink_ignored"]
 
 
 def load(path):
@@ -53,13 +59,14 @@ def save(path, tensors):
         f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
 
 
-def attend(ql, qr, aq, C, Kr, ak, pos, cfg, no_alpha=False):
+def attend(ql, qr, aq, C, Kr, ak, pos, cfg, no_alpha=False, window=True):
     """One query row (all heads) against the gathered tokens C [n,r], Kr [n,d_r], ak [n,G].
 
-    The row sees tokens t <= pos when causal; returns (latent_out [H,r], lse [H]) or None."""
+    The row sees tokens t <= pos when causal (window=False: all the given tokens, as for a top-k
+    index set); returns (latent_out [H,r], lse [H]) or None."""
     H, G = cfg["heads"], cfg["groups"]
     n = C.shape[0]
-    if cfg["causal"]:
+    if cfg["causal"] and window:
         n = max(0, min(n, pos + 1))
     if n == 0:
         return None
@@ -97,6 +104,24 @@ def flashmla(t, cfg, bug=None):
     akc = t["flashmla.alpha_k_cache"].astype(acc) if norm else None
     out = np.zeros((B, S, H, r), acc)
     lse = np.full((B, S, H), np.inf, np.float32)           # [B, S_q, H] until written out
+    sink = cfg.get("attn_sink", False)
+    s_h = t["flashmla.attn_sink"].astype(acc) if sink else None
+    if cfg.get("topk", 0) > 0:
+        idx = t["flashmla.indices"]
+        flat = kf.reshape(-1, kf.shape[-1])                 # [NB*P, r + d_r]: global slot order
+        aflat = akc.reshape(-1, akc.shape[-1]) if norm else None
+        for b in range(B):
+            for i in range(S):
+                slots = np.array([int(x) for x in idx[b, i] if x >= 0], np.int64)  # index order
+                if bug == "topk_off_by_one":
+                    slots = np.minimum(slots + 1, flat.shape[0] - 1)
+                K = flat[slots]
+                res = attend(qf[b, i, :, :r], qf[b, i, :, r:], aq[b, i] if norm else None,
+                             K[:, :r], K[:, r:], aflat[slots] if norm else None, 0, cfg,
+                             bug == "no_alpha", window=False)
+                if res is not None:
+                    out[b, i], lse[b, i] = apply_sink(res, s_h, bug) if sink else res
+        return flashmla_outputs(out, lse, q.dtype, bug)
     for b in range(B):
         T = int(t["flashmla.cache_seqlens"][b])
         npg = -(-T // P)
@@ -111,12 +136,32 @@ def flashmla(t, cfg, bug=None):
             res = attend(qf[b, i, :, :r], qf[b, i, :, r:], aq[b, i] if norm else None,
                          K[:, :r], K[:, r:], ak, L - S + i, cfg, bug == "no_alpha")
             if res is not None:
-                out[b, i], lse[b, i] = res
+                out[b, i], lse[b, i] = apply_sink(res, s_h, bug) if sink else res
+    return flashmla_outputs(out, lse, q.dtype, bug)
+
+
+def apply_sink(res, s_h, bug=None):
+    """Scale one row's latent_out [H,r] by exp(lse)/(exp(lse)+exp(s_h)) = 1/(1+exp(s_h-lse)),
+    in the accumulate type; the lse returned is the one without the sink."""
+    o, l = res
+    with np.errstate(over="ignore"):
+        f = np.ones_like(l) / (np.ones_like(l) + np.exp(s_h - l))   # s_h = -inf: f = 1
+    if bug != "sink_ignored":
+        o = o * f[:, None]
+    if bug == "sink_in_lse":                                 # log(exp(lse) + exp(s_h)), stably
+        m = np.maximum(l, s_h)
+        with np.errstate(invalid="ignore"):
+            l = np.where(np.isneginf(s_h), l, m + np.log1p(np.exp(-np.abs(l - s_h))))
+    return o, l
+
+
+def flashmla_outputs(out, lse, dtype, bug=None):
+    B, S, H = lse.shape
     if bug == "lse_transposed":
         lse_out = np.ascontiguousarray(lse).reshape(B, H, S)   # raw [B,S_q,H] buffer, wrong shape
     else:
         lse_out = np.ascontiguousarray(lse.transpose(0, 2, 1))
-    return {"out": out.astype(q.dtype), "softmax_lse": lse_out.astype(np.float32)}
+    return {"out": out.astype(dtype), "softmax_lse": lse_out.astype(np.float32)}
 
 
 def flashinfer(t, cfg, bug=None, base2=False):
@@ -161,7 +206,10 @@ def flashinfer(t, cfg, bug=None, base2=False):
 # ---------------------------------------------------------------- self-test
 
 def dense_reference(d, cfg):
-    """Plain float64 loops over the dense tensors: latent_out [B,S,H,r], lse [B,S,H]."""
+    """Plain float64 loops over the dense tensors: latent_out [B,S,H,r], lse [B,S,H].
+
+    With `indices` the listed tokens replace the causal window; with `attn_sink` latent_out is
+    scaled by 1 / (1 + exp(s_h - lse)) and lse is left without the sink."""
     B, S, H, r = d["q_latent"].shape
     G = cfg["groups"]
     out = np.zeros((B, S, H, r))
@@ -172,7 +220,10 @@ def dense_reference(d, cfg):
     for b in range(B):
         T = cfg["seqlens"][b]
         for i in range(S):
-            vis = [t for t in range(T) if not cfg["causal"] or t <= T - S + i]
+            if "indices" in d:
+                vis = [int(t) for t in d["indices"][b, i] if t >= 0]
+            else:
+                vis = [t for t in range(T) if not cfg["causal"] or t <= T - S + i]
             for h in range(H):
                 g = h // (H // G)
                 logits = []
@@ -188,6 +239,8 @@ def dense_reference(d, cfg):
                     w = np.exp(np.array(logits) - max(logits))
                     out[b, i, h] = (w / w.sum()) @ kv[b, vis]
                     lse[b, i, h] = max(logits) + math.log(w.sum())
+                    if "attn_sink" in d:
+                        out[b, i, h] /= 1.0 + math.exp(float(d["attn_sink"][h]) - lse[b, i, h])
     return out, lse
 
 
@@ -237,6 +290,15 @@ def make_paged(d, cfg, P, rng):
                     "flashmla.k_cache": np.concatenate([ckv, kpe], -1)[:, :, None, :],
                     "flashmla.block_table": bt,
                     "flashmla.cache_seqlens": np.array(seq, np.int32)})
+        if "indices" in d:                                  # token -> global slot page * P + offset
+            idx = d["indices"]
+            glob = np.full(idx.shape, -1, np.int32)
+            for b, i, k in zip(*np.nonzero(idx >= 0)):
+                t = int(idx[b, i, k])
+                glob[b, i, k] = pages[b][t // P] * P + t % P
+            out["flashmla.indices"] = glob
+        if "attn_sink" in d:
+            out["flashmla.attn_sink"] = d["attn_sink"]
     if cfg["norm"] != "none":
         out["flashinfer.alpha_q"] = d["alpha_q"].reshape(B * S, H)
         out["flashinfer.alpha_k_cache"] = akc
@@ -290,8 +352,72 @@ def self_test():
                     print(f"{'PASS' if good else 'FAIL'} {lay:10s} norm={norm:9s} causal={causal} "
                           f"fp8={fp8}")
                     ok &= good
+    ok &= self_test_sparse_sink(rng)
     print("self-test:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def draw_indices(rng, seq, S, K, causal):
+    """indices [B, S, K]: a set of [ceil(n/2), n] tokens of the row's window (n = min(K, window)),
+    in random order, -1 pads in random places."""
+    idx = np.full((len(seq), S, K), -1, np.int32)
+    for b, T in enumerate(seq):
+        for i in range(S):
+            w = max(0, T - S + i + 1) if causal else T
+            n = min(K, w)
+            m = int(rng.integers(-(-n // 2), n + 1)) if n else 0
+            toks = rng.permutation(w)[:m]
+            where = rng.permutation(K)[:m]
+            idx[b, i, where] = toks
+    return idx
+
+
+def self_test_sparse_sink(rng):
+    """FlashMLA with top-k indices and/or sinks against the float64 loops, and the new bugs."""
+    ok = True
+    for norm in ["blockwise", "unified", "none"]:
+        for causal in [True, False]:
+            for topk, sink in [(5, False), (0, True), (5, True), (40, True)]:
+                B, S, H, G, r, dr, P = 4, 3, 4, 2, 8, 4, 4
+                seq = [5, 0, 13, 2]
+                cfg = dict(heads=H, groups=G, latent_rank=r, d_r=dr, softmax_scale=0.3, norm=norm,
+                           causal=causal, s_q=S, seqlens=seq, profile="fp32", topk=topk,
+                           attn_sink=sink)
+                f = lambda *s: rng.standard_normal(s).astype(np.float32)
+                d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr),
+                     "kv_c": f(B, 13, r), "k_rope": f(B, 13, dr),
+                     "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
+                     "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
+                if topk:
+                    d["indices"] = draw_indices(rng, seq, S, topk, causal)
+                if sink:
+                    d["attn_sink"] = np.array([1.5, -0.5, 3.0, -np.inf], np.float32)
+                ref_o, ref_l = dense_reference(d, cfg)
+                t = make_paged(d, cfg, P, rng)
+                res = flashmla(t, cfg)
+                o, l = res["out"], res["softmax_lse"].transpose(0, 2, 1)
+                seen = ~np.isnan(ref_l)
+                good = (np.allclose(o, ref_o, rtol=1e-5, atol=1e-5)
+                        and np.allclose(l[seen], ref_l[seen], rtol=1e-5, atol=1e-5)
+                        and np.all(l[~seen] == np.inf) and np.all(o[~seen] == 0))
+                bugs = (["topk_off_by_one"] if topk else []) + \
+                       (["sink_in_lse", "sink_ignored"] if sink else [])
+                for bug in bugs:
+                    bad = flashmla(t, cfg, bug)
+                    if all(np.array_equal(bad[k], res[k], equal_nan=True) for k in res):
+                        good = False
+                        print(f"  bug {bug} had no effect")
+                if sink:                                    # sink_in_lse touches lse only
+                    bad = flashmla(t, cfg, "sink_in_lse")
+                    good &= np.array_equal(bad["out"], res["out"])
+                    bl = bad["softmax_lse"].transpose(0, 2, 1).astype(np.float64)
+                    with np.errstate(invalid="ignore"):       # nan marks rows without tokens
+                        want = np.logaddexp(ref_l, d["attn_sink"].astype(np.float64))
+                    good &= np.allclose(bl[seen], want[seen], rtol=1e-5, atol=1e-5)
+                print(f"{'PASS' if good else 'FAIL'} flashmla   norm={norm:9s} causal={causal} "
+                      f"topk={topk} sink={sink}")
+                ok &= good
+    return ok
 
 
 def main():
