@@ -19,7 +19,7 @@ QkmlaError = _qkmla.QkmlaError  # a ValueError: bad options or arrays, with the 
 
 _NP = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
        "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-       "I32": np.dtype(np.int32)}
+       "I32": np.dtype(np.int32), "U8": np.dtype(np.uint8)}
 _NAME = {v: k for k, v in _NP.items()}
 _TORCH = {"torch.bfloat16": "BF16", "torch.float8_e4m3fn": "F8_E4M3"}
 

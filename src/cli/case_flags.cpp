@@ -76,7 +76,7 @@ void add_case_flags(CLI::App& app, CaseFlags& f, int default_seqlen) {
   app.add_option("--profile,--profiles", f.profiles,
                  "precision profiles, comma separated (fp64,fp32,bf16,fp16,fp8)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
+      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8", "fp8-block128"}));
   refuse_repeats(app, f.profiles, "--profiles");
 }
 

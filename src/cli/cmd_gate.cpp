@@ -99,7 +99,7 @@ Runner add_mutants(CLI::App& app, const std::string& command_line) {
       "mutants", "kill matrix: which mutants of conventions §7 the gate catches, per profile");
   cmd->add_option("--profiles", f->profiles, "profiles, comma separated")
       ->delimiter(',')
-      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8"}));
+      ->check(CLI::IsMember({"fp64", "fp32", "bf16", "fp16", "fp8", "fp8-block128"}));
   refuse_repeats(*cmd, f->profiles, "--profiles");
   cmd->add_option("--config", f->config,
                   "gate matrix (TOML) whose mutant entries are run; default: the built-in one")

@@ -89,8 +89,8 @@ Runner add_golden(CLI::App& app, const std::string& command_line) {
     if (layout == Layout::FlashMla && f->inputs.empty() &&
         build_profiles(f->c, {Profile::BF16}) == std::vector<Profile>{Profile::FP8})
       throw ConfigError("layout",
-                        "flashmla with the fp8 profile: FlashMLA's own fp8 cache format "
-                        "is not offered (docs/layouts.md)");
+                        "flashmla with the fp8 profile (one scale per token): FlashMLA's fp8 "
+                        "cache has one scale per 128 values; use --profile fp8-block128");
     const Case k = module_case(*f, extra);
     if (isatty(2))
       std::cerr << "[qkmla] golden: reference at P and its check at P + 64, baseline\n";

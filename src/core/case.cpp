@@ -70,31 +70,52 @@ void attach_latent(Case& k) {
     return;
   }
   const Tensor& codes = k.get("kv_c");
-  const Tensor& scale = k.get("kv_c_scale");
+  const Tensor& scale = k.get("kv_c_scale");  // [B, T_max] or [B, T_max, ceil(r / 128)]
   auto d = std::make_shared<Tensor>(DType::F64, codes.shape);
   const int64_t r = codes.shape.back();
-  for (int64_t n = 0; n < codes.numel(); ++n)
-    (*d)[n] = codes[n] * scale[n / r];  // <= 28 bits: exact
+  const int64_t block = scale.shape.size() == 3 ? 128 : r,
+                per_token = scale.shape.size() == 3 ? scale.shape[2] : 1;
+  for (int64_t n = 0; n < codes.numel(); ++n)  // <= 28 bits: exact
+    (*d)[n] = codes[n] * scale[n / r * per_token + n % r / block];
   k.dequant = std::move(d);
 }
+
+namespace {
+
+// FlashMLA's block scale (the quantizer in its own tests): 2^ceil(log2(max(amax / 448, 1e-4))),
+// amax / 448 and the logarithm in fp32. A power of two: code * scale is exact in bf16.
+double block_scale(double amax) {
+  const float a = std::max(float(amax / 448.0), 1e-4f);
+  return std::ldexp(1.0, int(std::ceil(std::log2(a))));
+}
+
+}  // namespace
 
 void quantize_fp8_cache(Case& k) {
   Tensor& kv = k.tensors.at("kv_c");
   const int64_t T = kv.shape[1], r = kv.shape[2];
-  Tensor scale(DType::F32, {k.cfg.batch, T}, std::numeric_limits<double>::quiet_NaN());
+  const int64_t block = fp8_scale_block(k.cfg.profile) ? fp8_scale_block(k.cfg.profile) : r;
+  const int64_t nb = (r + block - 1) / block;
+  std::vector<int64_t> shape{k.cfg.batch, T};
+  if (fp8_scale_block(k.cfg.profile)) shape.push_back(nb);
+  Tensor scale(DType::F32, shape, std::numeric_limits<double>::quiet_NaN());
   Tensor codes(DType::F8_E4M3, kv.shape, std::numeric_limits<double>::quiet_NaN());
   for (int b = 0; b < k.cfg.batch; ++b)
-    for (int64_t t = 0; t < k.cfg.seqlens[size_t(b)]; ++t) {
-      double amax = 0;
-      for (int64_t l = 0; l < r; ++l) amax = std::max(amax, std::fabs(kv.at({b, t, l})));
-      const double s = amax > 0 ? round_to(DType::F32, amax / 448.0) : 1.0;
-      scale.at({b, t}) = s;
-      // c / s in double, then one RNE to e4m3: the double quotient cannot land on an e4m3 tie
-      // unless the exact one does (c has 8 bits, s 24: a non-tie quotient is >= 2^-30 relative
-      // away from any tie, the double rounding moves it by <= 2^-53).
-      for (int64_t l = 0; l < r; ++l)
-        codes.at({b, t, l}) = round_to(DType::F8_E4M3, kv.at({b, t, l}) / s);
-    }
+    for (int64_t t = 0; t < k.cfg.seqlens[size_t(b)]; ++t)
+      for (int64_t j = 0; j < nb; ++j) {
+        const int64_t l0 = j * block, l1 = std::min(r, l0 + block);
+        double amax = 0;
+        for (int64_t l = l0; l < l1; ++l) amax = std::max(amax, std::fabs(kv.at({b, t, l})));
+        const double s = fp8_scale_block(k.cfg.profile) ? block_scale(amax)
+                         : amax > 0                     ? round_to(DType::F32, amax / 448.0)
+                                                        : 1.0;
+        scale[(int64_t(b) * T + t) * nb + j] = s;
+        // c / s in double, then one RNE to e4m3: the double quotient cannot land on an e4m3 tie
+        // unless the exact one does (c has 8 bits, s 24: a non-tie quotient is >= 2^-30 relative
+        // away from any tie, the double rounding moves it by <= 2^-53).
+        for (int64_t l = l0; l < l1; ++l)
+          codes.at({b, t, l}) = round_to(DType::F8_E4M3, kv.at({b, t, l}) / s);
+      }
   kv = std::move(codes);
   k.tensors["kv_c_scale"] = std::move(scale);
   attach_latent(k);
@@ -111,6 +132,14 @@ std::vector<bool> valid_mask(const Case& k, const std::string& tensor) {
 }
 
 namespace {
+
+// conventions §3: the fp8 cache scales, one per token or one per 128 latent values.
+void add_scale_shape(const MlaConfig& c, int64_t t_max,
+                     std::map<std::string, std::vector<int64_t>>& m) {
+  if (c.profile == Profile::FP8) m["kv_c_scale"] = {c.batch, t_max};
+  if (c.profile == Profile::FP8_B128)
+    m["kv_c_scale"] = {c.batch, t_max, (c.latent_rank + 127) / 128};
+}
 
 // conventions §1.5: top-k index sets and per-head sink logits, at either level.
 void add_sparse_shapes(const MlaConfig& c, std::map<std::string, std::vector<int64_t>>& m) {
@@ -131,9 +160,10 @@ void validate_indices(const Case& k) {
             "[" + std::to_string(b) + ", " + std::to_string(i) + ", " + std::to_string(j) + "]";
         if (v == -1) continue;
         if (!(v >= 0 && v < c.seqlens[size_t(b)]))
-          throw ConfigError("indices", "slot " + std::to_string(int64_t(v)) + " at " + at +
-                                           " is outside [0, T_b = " +
-                                           std::to_string(c.seqlens[size_t(b)]) + ") (pad with -1)");
+          throw ConfigError("indices",
+                            "slot " + std::to_string(int64_t(v)) + " at " + at +
+                                " is outside [0, T_b = " + std::to_string(c.seqlens[size_t(b)]) +
+                                ") (pad with -1)");
         seen.push_back(int64_t(v));
       }
       std::sort(seen.begin(), seen.end());
@@ -158,7 +188,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
                                                      {"seqlens", {B}}};
     if (c.norm == NormMode::None)
       m.erase("alpha_q"), m.erase("alpha_k");  // plain MLA: no statistics
-    if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};
+    add_scale_shape(c, t_max, m);
     add_sparse_shapes(c, m);
     return m;
   }
@@ -173,7 +203,7 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
       {"rope_cos", {p_max, c.d_r / 2}},
       {"rope_sin", {p_max, c.d_r / 2}},
   };
-  if (c.profile == Profile::FP8) m["kv_c_scale"] = {B, t_max};  // conventions §3 fp8 cache scales
+  add_scale_shape(c, t_max, m);
   if (c.norm == NormMode::Blockwise) {
     m["gamma_cq"] = m["gamma_ck"] = {c.d_c};
     m["gamma_rq"] = m["gamma_rk"] = {c.d_r};
@@ -240,14 +270,17 @@ void validate_case(const Case& k) {
         throw ConfigError(name, "non-finite value at flat index " + std::to_string(i));
   }
   if (c.topk > 0) validate_indices(k);
-  if (c.profile == Profile::FP8) {
+  if (is_fp8(c.profile)) {
     const Tensor& s = k.get("kv_c_scale");
+    const int64_t per = s.shape.size() == 3 ? s.shape[2] : 1;
     for (int b = 0; b < c.batch; ++b)
       for (int64_t tok = 0; tok < c.seqlens[size_t(b)]; ++tok)
-        if (!(std::isfinite(s.at({b, tok})) && s.at({b, tok}) > 0))
-          throw ConfigError("kv_c_scale", "scale at [" + std::to_string(b) + ", " +
-                                              std::to_string(tok) +
-                                              "] must be finite and positive");
+        for (int64_t j = 0; j < per; ++j)
+          if (const double v = s[(b * s.shape[1] + tok) * per + j]; !(std::isfinite(v) && v > 0))
+            throw ConfigError("kv_c_scale", "scale at [" + std::to_string(b) + ", " +
+                                                std::to_string(tok) +
+                                                (per > 1 ? ", " + std::to_string(j) : "") +
+                                                "] must be finite and positive");
   }
   for (const char* name : {"kv_c", kernel ? "k_rope" : "k_pe",
                            kernel && c.norm != NormMode::None ? "alpha_k" : "kv_c"}) {

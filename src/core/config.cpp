@@ -31,11 +31,9 @@ const std::pair<const char*, RopeOrder> kOrder[] = {{"norm_then_rope", RopeOrder
                                                     {"rope_then_norm", RopeOrder::RopeThenNorm}};
 const std::pair<const char*, RopeStyle> kStyle[] = {{"interleaved", RopeStyle::Interleaved},
                                                     {"half", RopeStyle::Half}};
-const std::pair<const char*, Profile> kProfile[] = {{"fp64", Profile::FP64},
-                                                    {"fp32", Profile::FP32},
-                                                    {"bf16", Profile::BF16},
-                                                    {"fp16", Profile::FP16},
-                                                    {"fp8", Profile::FP8}};
+const std::pair<const char*, Profile> kProfile[] = {
+    {"fp64", Profile::FP64}, {"fp32", Profile::FP32}, {"bf16", Profile::BF16},
+    {"fp16", Profile::FP16}, {"fp8", Profile::FP8},   {"fp8-block128", Profile::FP8_B128}};
 const std::pair<const char*, Level> kLevel[] = {{"module", Level::Module},
                                                 {"kernel", Level::Kernel}};
 }  // namespace
@@ -61,6 +59,7 @@ DType stored_dtype(Profile p) {
       return DType::F16;
     case Profile::BF16:
     case Profile::FP8:
+    case Profile::FP8_B128:
       return DType::BF16;
   }
   return DType::F64;

@@ -12,7 +12,9 @@ namespace qkmla {
 enum class NormMode { Blockwise, Unified, None };  // None: plain MLA (conventions §1.3)
 enum class RopeOrder { NormThenRope, RopeThenNorm };
 enum class RopeStyle { Interleaved, Half };
-enum class Profile { FP64, FP32, BF16, FP16, FP8 };
+// FP8: e4m3 cache, one fp32 scale per token. FP8_B128: FlashMLA's fp8 cache format, one
+// power-of-two scale per 128 latent values (conventions §3).
+enum class Profile { FP64, FP32, BF16, FP16, FP8, FP8_B128 };
 enum class Level { Module, Kernel };
 
 // A rule broken by a config or case; `field` names what is wrong (a config key or a tensor).
@@ -69,7 +71,10 @@ RopeStyle parse_rope_style(const std::string& s);
 Profile parse_profile(const std::string& s);
 Level parse_level(const std::string& s);
 
-DType stored_dtype(Profile p);      // inputs, weights, caches (fp8: the non-cache tensors)
+DType stored_dtype(Profile p);  // inputs, weights, caches (fp8: the non-cache tensors)
+inline bool is_fp8(Profile p) { return p == Profile::FP8 || p == Profile::FP8_B128; }
+// Latent values per cache scale: 128 in FP8_B128, 0 = the whole token (FP8).
+inline int fp8_scale_block(Profile p) { return p == Profile::FP8_B128 ? 128 : 0; }
 DType accumulate_dtype(Profile p);  // sums and scalars
 
 // JSON text of conventions §9. Parsing rejects unknown keys and wrong types (ConfigError naming the

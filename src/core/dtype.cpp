@@ -1,6 +1,7 @@
 #include "core/dtype.hpp"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,9 +22,10 @@ FloatFormat format_of(DType d) {
     case DType::F8_E4M3:
       return {4, -6, 8, 448.0, false};
     case DType::I32:
+    case DType::U8:
       break;
   }
-  throw std::invalid_argument("format_of: I32 is not a floating-point format");
+  throw std::invalid_argument("format_of: an integer type is not a floating-point format");
 }
 
 std::string dtype_name(DType d) {
@@ -40,15 +42,18 @@ std::string dtype_name(DType d) {
       return "F8_E4M3";
     case DType::I32:
       return "I32";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
 
 DType dtype_from_name(const std::string& s) {
-  for (DType d : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::I32})
+  for (DType d :
+       {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::I32, DType::U8})
     if (dtype_name(d) == s) return d;
   throw std::invalid_argument("unsupported dtype '" + s +
-                              "' (supported: F64, F32, F16, BF16, F8_E4M3, I32)");
+                              "' (supported: F64, F32, F16, BF16, F8_E4M3, I32, U8)");
 }
 
 int dtype_size(DType d) {
@@ -62,6 +67,7 @@ int dtype_size(DType d) {
     case DType::BF16:
       return 2;
     case DType::F8_E4M3:
+    case DType::U8:
       return 1;
   }
   return 0;
@@ -70,6 +76,7 @@ int dtype_size(DType d) {
 double round_to(DType d, double x) {
   if (d == DType::F64 || std::isnan(x)) return x;
   if (d == DType::I32) return std::nearbyint(x);
+  if (d == DType::U8) return std::clamp(std::nearbyint(x), 0.0, 255.0);
   if (d == DType::F32) return double(static_cast<float>(x));  // hardware RNE, one step
   const float xf = static_cast<float>(x);
   if (double(xf) == x && (d == DType::BF16 || d == DType::F16)) {

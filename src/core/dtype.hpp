@@ -5,7 +5,8 @@
 
 namespace qkmla {
 
-enum class DType { F64, F32, F16, BF16, F8_E4M3, I32 };
+// U8: raw bytes of a packed layout (FlashMLA's fp8 cache, docs/layouts.md), values 0-255.
+enum class DType { F64, F32, F16, BF16, F8_E4M3, I32, U8 };
 
 // A binary floating-point format: `precision` significand bits (implicit bit included),
 // normal exponents in [emin, emax]; max_finite is the largest finite value.

@@ -72,10 +72,10 @@ void round_once(Tensor& t) {
 }
 
 // conventions §1.5, from a stream of their own, so the dense tensors are those of the same seed
-// without --topk or --attn-sink. Index sets: per row a length drawn in [ceil(n/2), n] (n = min(topk,
-// the causal window)), distinct slots of the window in random order (an indexer returns them by
-// score, not position), -1 after. Sinks: ln(T_max) + U(-3, 3) per head, so the factor
-// 1 / (1 + exp(s - lse)) spans ~0.05-0.95; with H >= 4 the last head's sink is -inf (no sink).
+// without --topk or --attn-sink. Index sets: per row a length drawn in [ceil(n/2), n] (n =
+// min(topk, the causal window)), distinct slots of the window in random order (an indexer returns
+// them by score, not position), -1 after. Sinks: ln(T_max) + U(-3, 3) per head, so the factor 1 /
+// (1 + exp(s - lse)) spans ~0.05-0.95; with H >= 4 the last head's sink is -inf (no sink).
 void draw_sparse(Case& k) {
   const MlaConfig& c = k.cfg;
   Rng rng(c.seed ^ 0x5ca7'7e5e'd5e7'0001ull);
@@ -88,7 +88,8 @@ void draw_sparse(Case& k) {
         for (int64_t t = 0; t < T; ++t)
           if (token_visible(c.causal, T, c.s_q, i, t)) window.push_back(t);
         const int64_t n = std::min<int64_t>(c.topk, int64_t(window.size()));
-        const int64_t len = n == 0 ? 0 : (n + 1) / 2 + int64_t(rng.below(uint64_t(n - (n + 1) / 2 + 1)));
+        const int64_t len =
+            n == 0 ? 0 : (n + 1) / 2 + int64_t(rng.below(uint64_t(n - (n + 1) / 2 + 1)));
         for (int64_t j = 0; j < len; ++j) {  // partial Fisher-Yates
           const int64_t pick = j + int64_t(rng.below(uint64_t(int64_t(window.size()) - j)));
           std::swap(window[size_t(j)], window[size_t(pick)]);
@@ -155,7 +156,7 @@ Case generate_case(const MlaConfig& cfg_in) {
   make_rope_tables(p_max, cfg.d_r, 10000.0, k.tensors["rope_cos"], k.tensors["rope_sin"]);
   draw_sparse(k);
   // fp8: the bf16 cache above (the same bits as the bf16 profile's case of this seed), quantized.
-  if (cfg.profile == Profile::FP8) quantize_fp8_cache(k);
+  if (is_fp8(cfg.profile)) quantize_fp8_cache(k);
   attach_latent(k);
   return k;
 }

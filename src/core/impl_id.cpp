@@ -16,7 +16,8 @@ bool parse_form(const std::string& s, Form& f) {
 }
 
 bool parse_profile_token(const std::string& s, Profile& p) {
-  for (Profile x : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8})
+  for (Profile x : {Profile::FP64, Profile::FP32, Profile::BF16, Profile::FP16, Profile::FP8,
+                    Profile::FP8_B128})
     if (s == to_string(x)) {
       p = x;
       return true;

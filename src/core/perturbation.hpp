@@ -65,10 +65,9 @@ struct Perturbation {
            scale_dc_only == o.scale_dc_only && drop_alpha_q == o.drop_alpha_q &&
            score_lowp == o.score_lowp && causal_extra == o.causal_extra &&
            swap_rope_order == o.swap_rope_order && lse_base2 == o.lse_base2 &&
-           topk_shift == o.topk_shift && sink == o.sink &&
-           lse_form == o.lse_form && gamma_q_power == o.gamma_q_power &&
-           no_rope_gain_q == o.no_rope_gain_q && no_rope_gain_k == o.no_rope_gain_k &&
-           mean_over_d_minus_1 == o.mean_over_d_minus_1 &&
+           topk_shift == o.topk_shift && sink == o.sink && lse_form == o.lse_form &&
+           gamma_q_power == o.gamma_q_power && no_rope_gain_q == o.no_rope_gain_q &&
+           no_rope_gain_k == o.no_rope_gain_k && mean_over_d_minus_1 == o.mean_over_d_minus_1 &&
            rope_unscaled_by_alpha_k == o.rope_unscaled_by_alpha_k &&
            query_pos_shift == o.query_pos_shift && split_average == o.split_average;
   }
@@ -162,8 +161,8 @@ T sink_scale(const Perturbation& p, bool has_sink, const T& s, const T& lse) {
 // The lse a row returns: unchanged by the sink (FlashMLA), unless the sink is folded in.
 template <class T>
 T sink_lse(const Perturbation& p, bool has_sink, const T& s, const T& lse) {
-  using std::log;
   using std::exp;
+  using std::log;
   if (!has_sink || p.sink != SinkForm::AlsoLse) return lse;
   return lse > s ? T(lse + log(T(1) + exp(T(s - lse)))) : T(s + log(T(1) + exp(T(lse - s))));
 }

@@ -76,10 +76,9 @@ GateConfig parse_gate_config_text(const std::string& text, const std::string& pa
   c.tensors = list<std::string>(path, "", t, "tensors", c.tensors);
   const toml::array* entries = t["entry"].as_array();
   if (!entries || entries->empty()) throw InputError(path, "entry", "needs at least one [[entry]]");
-  static const std::set<std::string> keys = {"name",    "presets",     "scenarios", "profiles",
-                                             "norms",   "rope_orders", "impls",     "seeds",
-                                             "seqlens", "sq",          "expect",
-                                             "topk",    "attn_sink"};
+  static const std::set<std::string> keys = {
+      "name",  "presets", "scenarios", "profiles", "norms", "rope_orders", "impls",
+      "seeds", "seqlens", "sq",        "expect",   "topk",  "attn_sink"};
   for (size_t i = 0; i < entries->size(); ++i) {
     const toml::table* e = (*entries)[i].as_table();
     const std::string where = fmt::format("entry[{}]", i);
@@ -161,10 +160,9 @@ std::vector<GateJob> expand_jobs(const GateConfig& c) {
                 cfg.norm = parse_norm(norm);
                 cfg.rope_order = parse_rope_order(order);
                 cfg.seed = seed;
-                const std::string label =
-                    fmt::format("{}/{}/{}/{}/{}/seed{}{}{}", preset, scenario, profile, norm, order,
-                                seed, e.topk ? fmt::format("/topk{}", e.topk) : "",
-                                e.attn_sink ? "/sink" : "");
+                const std::string label = fmt::format(
+                    "{}/{}/{}/{}/{}/seed{}{}{}", preset, scenario, profile, norm, order, seed,
+                    e.topk ? fmt::format("/topk{}", e.topk) : "", e.attn_sink ? "/sink" : "");
                 jobs.push_back({ei, cfg, label});
               }
   }

@@ -15,8 +15,8 @@ struct GateEntry {
   std::vector<uint64_t> seeds;
   std::vector<int> seqlens;
   int sq = 1;
-  int topk = 0;            // conventions §1.5: sparse top-k (0: dense)
-  bool attn_sink = false;  // conventions §1.5: per-head sink logits
+  int topk = 0;             // conventions §1.5: sparse top-k (0: dense)
+  bool attn_sink = false;   // conventions §1.5: per-head sink logits
   bool expect_pass = true;  // "pass": every verdict passes; "fail": every mutant is killed
 };
 

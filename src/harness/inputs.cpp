@@ -28,7 +28,9 @@ int as_int(int64_t v, const std::string& path, const std::string& what) {
 }
 
 Profile profile_of(const std::map<std::string, Tensor>& t, const std::string& path) {
-  if (t.at("kv_c").dtype == DType::F8_E4M3) return Profile::FP8;
+  if (t.at("kv_c").dtype == DType::F8_E4M3)  // the scales' rank says which fp8 format
+    return t.count("kv_c_scale") && t.at("kv_c_scale").shape.size() == 3 ? Profile::FP8_B128
+                                                                         : Profile::FP8;
   switch (t.at("q_nope").dtype) {
     case DType::F64:
       return Profile::FP64;
@@ -50,7 +52,7 @@ DType stored_as(const std::string& name, Profile p) {
   if (name == "seqlens" || name == "indices") return DType::I32;
   if (name == "rope_cos" || name == "rope_sin" || name == "kv_c_scale" || name == "attn_sink")
     return DType::F32;
-  if (name == "kv_c" && p == Profile::FP8) return DType::F8_E4M3;
+  if (name == "kv_c" && is_fp8(p)) return DType::F8_E4M3;
   return stored_dtype(p);
 }
 
@@ -145,7 +147,7 @@ InputsCase case_from_file(SafetensorsFile f, const InputsRequest& r) {
   }
   for (auto& [name, t] : f.tensors)
     if (name.rfind("ref.", 0) != 0) out.k.tensors[name] = std::move(t);
-  if (c.profile == Profile::FP8 && out.k.has("kv_c") && out.k.get("kv_c").dtype != DType::F8_E4M3) {
+  if (is_fp8(c.profile) && out.k.has("kv_c") && out.k.get("kv_c").dtype != DType::F8_E4M3) {
     if (!r.round_inputs)
       throw InputError(r.path, "kv_c",
                        "profile fp8 needs F8_E4M3 codes and kv_c_scale; pass --round-inputs to "

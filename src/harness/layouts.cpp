@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -76,14 +77,44 @@ Tensor reshaped(Tensor t, std::vector<int64_t> shape) {
   return t;
 }
 
+// FlashMLA's fp8 cache (fp8-block128): per slot the r e4m3 codes, the ceil(r/128) fp32 scales and
+// the d_r bf16 rope values, as little-endian bytes (656 at r = 512, d_r = 64). Unfilled slots are
+// 0xFF bytes: NaN in each of the three formats.
+Tensor packed_fp8_cache(const Case& k, const Paging& g, int P) {
+  const MlaConfig& c = k.cfg;
+  const int64_t r = c.latent_rank, dr = c.d_r, nb = (r + 127) / 128, w = r + 4 * nb + 2 * dr;
+  Tensor cache(DType::U8, {g.total, P, 1, w}, 255.0);
+  const Tensor &codes = k.get("kv_c"), &scale = k.get("kv_c_scale"), &rope = k.get("k_rope");
+  for (int b = 0; b < c.batch; ++b)
+    for (int64_t t = 0; t < c.seqlens[size_t(b)]; ++t) {
+      double* slot = cache.data.data() + (g.pages[size_t(b)][size_t(t / P)] * P + t % P) * w;
+      for (int64_t l = 0; l < r; ++l) slot[l] = encode_e4m3(codes.at({b, t, l}));
+      for (int64_t j = 0; j < nb; ++j) {
+        const float s = float(scale.at({b, t, j}));
+        unsigned char bytes[4];
+        std::memcpy(bytes, &s, 4);
+        for (int q = 0; q < 4; ++q) slot[r + 4 * j + q] = bytes[q];
+      }
+      for (int64_t j = 0; j < dr; ++j) {
+        const uint16_t u = encode16(DType::BF16, rope.at({b, t, j}));
+        slot[r + 4 * nb + 2 * j] = u & 0xFF, slot[r + 4 * nb + 2 * j + 1] = u >> 8;
+      }
+    }
+  return cache;
+}
+
 void add_flashmla(const Case& k, const Paging& g, int P, std::map<std::string, Tensor>& out) {
   const MlaConfig& c = k.cfg;
   const int64_t r = c.latent_rank, dr = c.d_r, w = r + dr;
   out["flashmla.q"] = concat_last(k.get("q_latent"), k.get("q_rope"));
-  Tensor cache(k.get("kv_c").dtype, {g.total, P, 1, w}, kNaN);
-  scatter(k.get("kv_c"), c, g, P, cache, w, 0);
-  scatter(k.get("k_rope"), c, g, P, cache, w, r);
-  out["flashmla.k_cache"] = std::move(cache);
+  if (c.profile == Profile::FP8_B128) {
+    out["flashmla.k_cache"] = packed_fp8_cache(k, g, P);
+  } else {
+    Tensor cache(k.get("kv_c").dtype, {g.total, P, 1, w}, kNaN);
+    scatter(k.get("kv_c"), c, g, P, cache, w, 0);
+    scatter(k.get("k_rope"), c, g, P, cache, w, r);
+    out["flashmla.k_cache"] = std::move(cache);
+  }
   size_t max_blocks = 1;
   for (const auto& p : g.pages) max_blocks = std::max(max_blocks, p.size());
   std::vector<int64_t> table(size_t(c.batch) * max_blocks, -1);
@@ -122,11 +153,14 @@ void add_flashinfer(const Case& k, const Paging& g, int P, std::map<std::string,
   scatter(k.get("k_rope"), c, g, P, kpe, dr, 0);
   out["flashinfer.ckv_cache"] = std::move(ckv);
   out["flashinfer.kpe_cache"] = std::move(kpe);
-  if (c.profile == Profile::FP8) {
-    Tensor s(DType::F32, {g.total, P}, kNaN);
+  if (is_fp8(c.profile)) {  // [pages, P] per token, or [pages, P, ceil(r/128)] per block
     const Tensor& dense = k.get("kv_c_scale");
-    Tensor as3 = reshaped(dense, {dense.shape[0], dense.shape[1], 1});
-    scatter(as3, c, g, P, s, 1, 0);
+    const int64_t per = dense.shape.size() == 3 ? dense.shape[2] : 1;
+    Tensor s(DType::F32,
+             per > 1 || dense.shape.size() == 3 ? std::vector<int64_t>{g.total, P, per}
+                                                : std::vector<int64_t>{g.total, P},
+             kNaN);
+    scatter(reshaped(dense, {dense.shape[0], dense.shape[1], per}), c, g, P, s, per, 0);
     out["flashinfer.ckv_scale_cache"] = std::move(s);
   }
   std::vector<int64_t> qo{0}, kv{0}, indices, last;
@@ -187,9 +221,8 @@ std::map<std::string, Tensor> paged_inputs(const Case& k, Layout l, int page_siz
   if (page_size < 1) throw ConfigError("page_size", "must be at least 1");
   if (l == Layout::FlashMla && c.profile == Profile::FP8)
     throw ConfigError("layout",
-                      "flashmla with the fp8 profile: FlashMLA's fp8 cache format "
-                      "(per-128 scales, 656 bytes per token) is not offered "
-                      "(docs/layouts.md)");
+                      "flashmla with the fp8 profile (one scale per token): FlashMLA's fp8 cache "
+                      "has one scale per 128 values; use --profile fp8-block128");
   if (l == Layout::FlashInfer && (c.topk > 0 || c.attn_sink))
     throw ConfigError("layout",
                       "flashinfer: its MLA paged interface takes neither top-k indices nor sinks "

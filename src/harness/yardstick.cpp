@@ -82,7 +82,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     if (c.norm != NormMode::None) torch.alpha_q = D, torch.alpha_k = D;  // .type_as(x)
     if (torch.form != Form::Explicit) torch.latent_out = D;
     if (torch.form == Form::Absorbed) torch.eager = D;
-    if (c.profile == Profile::FP8) torch.cache = DType::BF16;
+    if (is_fp8(c.profile)) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
   }
   if (base.form != Form::Kernel) {  // a kernel's q_latent is given stored: folding sigma in
@@ -95,7 +95,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     rs.approx_rsqrt = true;
     add("approximate rsqrt statistic", rs);
   }
-  if (c.profile == Profile::FP8 && base.form != Form::Explicit) {
+  if (is_fp8(c.profile) && base.form != Form::Explicit) {
     Design deq = base;
     deq.cache = DType::BF16;
     add("fp8 cache dequantized to bf16", deq);

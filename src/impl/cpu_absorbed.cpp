@@ -163,7 +163,7 @@ std::vector<Variant> variants_for(Profile p, NormMode norm) {
   if (norm == NormMode::None) return v;  // no statistics, no gains: nothing to vary
   for (Variant x : {Variant::AlphaQFolded, Variant::QNormedFirst, Variant::GammaMerged})
     v.push_back(x);
-  if (p == Profile::BF16 || p == Profile::FP8) v.push_back(Variant::AlphaKBf16);  // conventions §3
+  if (p == Profile::BF16 || is_fp8(p)) v.push_back(Variant::AlphaKBf16);  // conventions §3
   return v;
 }
 

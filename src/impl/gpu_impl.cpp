@@ -7,6 +7,7 @@ namespace qkmla::impl {
 
 std::string gpu_not_applicable(const MlaConfig& c) {
   if (c.profile == Profile::FP64) return "the kernels have no fp64 profile";
+  if (c.profile == Profile::FP8_B128) return "the kernels read one fp8 scale per token";
   if (c.norm == NormMode::None)
     return "the kernels implement QK-normed MLA only (norm none is not built)";
   if (c.topk > 0 || c.attn_sink)

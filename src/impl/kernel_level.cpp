@@ -54,7 +54,7 @@ Case kernel_case_t(const Case& k) {
   }
   for (const char* name : {"indices", "attn_sink"})  // conventions §1.5: read as given
     if (k.has(name)) kc.tensors[name] = k.get(name);
-  if (cf.profile == Profile::FP8) {  // the kernel reads the e4m3 codes and their scales themselves
+  if (is_fp8(cf.profile)) {  // the kernel reads the e4m3 codes and their scales themselves
     kc.tensors["kv_c"] = k.get("kv_c");
     kc.tensors["kv_c_scale"] = k.get("kv_c_scale");
   }

@@ -36,6 +36,8 @@ double decode(DType d, const unsigned char* p) {
       return decode16(d, load_le<uint16_t>(p));
     case DType::F8_E4M3:
       return decode_e4m3(*p);
+    case DType::U8:
+      return *p;
   }
   return 0;
 }
@@ -63,6 +65,9 @@ void encode(DType d, double v, unsigned char* p) {
     }
     case DType::F8_E4M3:
       *p = encode_e4m3(v);
+      return;
+    case DType::U8:
+      *p = static_cast<unsigned char>(v);
       return;
   }
 }

@@ -122,9 +122,10 @@ std::vector<Row> rows_of(const ProfileRun& run, const Truth& truth, const GateRu
 // the bf16 cache it was quantized from (same seed, same other bits): the quantization error alone.
 void add_quant_rows(Report& rep, const Case& fp8, const Truth& t8, const Truth& t16) {
   ImplId id;
-  id.family = Family::Quant, id.profile = Profile::FP8;
+  id.family = Family::Quant, id.profile = fp8.cfg.profile;
   for (const std::string t : {"out", "lse"}) {
-    Row row{id, to_string(Profile::FP8), t, "", {}, std::nan(""), std::nan(""), 0.0, false, {}};
+    Row row{id, to_string(id.profile.value()), t, "", {}, std::nan(""), std::nan(""), 0.0, false,
+            {}};
     row.m = compare(t8.explicit_p.tensors.at(t), t16.explicit_p.tensors.at(t), DType::BF16,
                     valid_mask(fp8, t), &t8.explicit_p.lo.at(t), &t16.explicit_p.lo.at(t));
     rep.rows.push_back(std::move(row));
@@ -239,11 +240,14 @@ Report run_report(const ReportOptions& opts) {
       if (opts.profiles[i] == p) return int(i);
     return -1;
   };
-  const int i8 = find(Profile::FP8), i16 = find(Profile::BF16);
-  if (i8 >= 0 && i16 >= 0)
-    add_quant_rows(rep, runs[size_t(i8)].k, truths[size_t(i8)], truths[size_t(i16)]);
-  else if (i8 >= 0)
-    rep.notes.push_back("quant.fp8 rows need the bf16 profile in the same report");
+  const int i16 = find(Profile::BF16);
+  for (Profile p8 : {Profile::FP8, Profile::FP8_B128}) {  // each fp8 format its own quant rows
+    const int i8 = find(p8);
+    if (i8 >= 0 && i16 >= 0)
+      add_quant_rows(rep, runs[size_t(i8)].k, truths[size_t(i8)], truths[size_t(i16)]);
+    else if (i8 >= 0)
+      rep.notes.push_back("quant." + to_string(p8) + " rows need the bf16 profile in the report");
+  }
   rep.total_seconds = seconds_since(start);
   return rep;
 }

@@ -98,7 +98,7 @@ std::string summary_text(const Report& r) {
       "summary: verdicts by the gate rule and budgets (as `qkmla gate`); ratio = rel_l2 over the\n"
       "yardstick of the row's design; equivalence = bits on which ref.absorbed equals "
       "ref.explicit\n";
-  s += fmt::format("  {:<7}{:>9}{:>13}{:>7}  {:<30}{}\n", "profile", "ref bits", "equivalence",
+  s += fmt::format("  {:<12}{:>8}{:>12}{:>6}  {:<29} {}\n", "profile", "ref bits", "equivalence",
                    "pass", "worst out (ratio)", "worst lse (ratio)");
   auto worst = [](const ProfileSummary& p, const char* t) {
     for (const WorstRow& w : p.worst)
@@ -108,7 +108,7 @@ std::string summary_text(const Report& r) {
   for (const ProfileSummary& p : all) {
     const std::string eq =
         std::isinf(p.equivalence_bits) ? "exact" : fmt::format("{:.1f}", p.equivalence_bits);
-    s += fmt::format("  {:<7}{:>9.1f}{:>13}{:>7}  {:<30}{}\n", p.profile, p.agreeing_bits, eq,
+    s += fmt::format("  {:<12}{:>8.1f}{:>12}{:>6}  {:<29} {}\n", p.profile, p.agreeing_bits, eq,
                      fmt::format("{}/{}", p.passed, p.judged), worst(p, "out"), worst(p, "lse"));
   }
   s += "  " + gpu_status(r) + "\n";
