@@ -38,13 +38,16 @@ std::vector<Acc> latent_rows(const Case& k, int b, int64_t t0, int64_t n) {
   const int64_t r = kv.shape[2], base = kv.index({b, t0, 0});
   std::vector<Acc> out(static_cast<size_t>(n * r));
   const Tensor* scale = k.has("kv_c_scale") ? &k.get("kv_c_scale") : nullptr;
-  for (int64_t t = 0; t < n; ++t) {
-    const Acc s = scale ? Acc(scale->at({b, t0 + t})) : Acc(1);
+  // [B, T_max] (fp8) or [B, T_max, ceil(r / 128)] (fp8-block128): scale j serves 128 j ...
+  const int64_t per = scale && scale->shape.size() == 3 ? scale->shape[2] : 1;
+  const int64_t block = per > 1 ? 128 : r;
+  for (int64_t t = 0; t < n; ++t)
     for (int64_t l = 0; l < r; ++l) {
       const double code = kv[base + t * r + l];
-      out[size_t(t * r + l)] = scale ? Acc(code) * s : Acc(code);
+      out[size_t(t * r + l)] =
+          scale ? Acc(code) * Acc((*scale)[(b * scale->shape[1] + t0 + t) * per + l / block])
+                : Acc(code);
     }
-  }
   return out;
 }
 

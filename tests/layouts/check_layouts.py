@@ -4,14 +4,18 @@ kernels written from docs/layouts.md alone (tests/zoo/paged_kernels.py).
 
     check_layouts.py QKMLA_BINARY WORK_DIR [--seeds A-B]
 
-For each seed, layout (flashmla, flashinfer), profile (fp32, bf16, fp16, fp8; FlashMLA has no fp8
-here) and norm (blockwise, unified, none) drawn from the seed: the correct kernel must PASS
-(exit 0) and each integration bug must FAIL (exit 1) where it changes the outputs, the diagnosis
-naming the convention where one exists (a transposed or base-2 lse). FlashMLA cases draw sparse
-top-k (`--topk K`) and attention sinks (`--attn-sink`) from the seed, each often, and run the
-top-k and sink bugs only on the cases that have them; FlashInfer refuses both, which each run
-asserts once (`golden --layout flashinfer --topk 4` must exit 2). Exit 1 on any false alarm or
-missed bug, with the seed and the command to reproduce it.
+For each seed, layout (flashmla, flashinfer), profile (fp32, bf16, fp16, fp8-block128, and for
+FlashInfer also the per-token fp8, which FlashMLA has not) and norm (blockwise, unified, none)
+drawn from the seed: the correct kernel must PASS (exit 0) and each integration bug must FAIL
+(exit 1) where it changes the outputs, the diagnosis naming the convention where one exists (a
+transposed or base-2 lse). FlashMLA cases draw sparse top-k (`--topk K`) and attention sinks
+(`--attn-sink`) from the seed, each often, and run the top-k and sink bugs only on the cases that
+have them; FlashInfer refuses both, which each run asserts once (`golden --layout flashinfer
+--topk 4` must exit 2), as it asserts that FlashMLA refuses the per-token fp8 profile (`golden
+--layout flashmla --profile fp8` must exit 2). fp8-block128 cases use preset tiny (r = 32) or,
+often, paper-g8 (r = 512, seqlens <= 150), where bug per_token_scale (one scale per slot instead
+of one per 128 latent values) applies; at r <= 128 it is listed as not applicable. Exit 1 on any
+false alarm or missed bug, with the seed and the command to reproduce it.
 """
 import argparse
 import os
@@ -27,6 +31,8 @@ BUGS = {"flashmla": ["block_table_shift", "lse_transposed", "no_alpha", "reads_p
         "flashinfer": ["block_table_shift", "lse_base2", "no_alpha", "reads_past_len"]}
 TOPK_BUGS = ["topk_off_by_one"]          # FlashMLA top-k cases only
 SINK_BUGS = ["sink_in_lse", "sink_ignored"]  # FlashMLA sink cases only
+BLOCK128_BUGS = ["per_token_scale"]      # profile fp8-block128 with r > 128 only
+LATENT_RANK = {"tiny": 32, "paper-g8": 512}
 
 
 def same_outputs(a, b):
@@ -64,10 +70,25 @@ def main():
     if rf.returncode != 2:
         bad.append(f"golden --layout flashinfer --topk 4 exited {rf.returncode}, not 2  "
                    f"(reproduce: {' '.join(refuse)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
+    # FlashMLA has no per-token fp8 cache (only fp8-block128): golden must refuse it (exit 2).
+    refuse = [a.binary, "golden", "--preset", "tiny", "--profile", "fp8", "--batch", "2",
+              "--seqlen", "16", "--layout", "flashmla",
+              "-o", os.path.join(a.work, "refused.safetensors")]
+    rf = run(refuse)
+    print(f"flashmla --profile fp8 refused: exit {rf.returncode}")
+    if rf.returncode != 2:
+        bad.append(f"golden --layout flashmla --profile fp8 exited {rf.returncode}, not 2  "
+                   f"(reproduce: {' '.join(refuse)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
     for seed in range(lo, hi + 1):
         rng = random.Random(seed)
         layout = ["flashmla", "flashinfer"][seed % 2]
-        profile = rng.choice(["fp32", "bf16", "fp16"] + (["fp8"] if layout == "flashinfer" else []))
+        profile = rng.choice(["fp32", "bf16", "fp16", "fp8-block128"]
+                             + (["fp8"] if layout == "flashinfer" else []))
+        # fp8-block128 at r = 512 (paper-g8) often, so that its blocks are more than one; seeds
+        # 3 and 6 (mod 8) always, so that seeds 1-8 hold one such case per layout
+        preset = "paper-g8" if profile == "fp8-block128" and rng.random() < 0.6 else "tiny"
+        if seed % 8 in (3, 6):
+            profile, preset = "fp8-block128", "paper-g8"
         norm = rng.choice(["blockwise", "unified", "none"])
         sq = rng.choice([1, 2])
         seqlens = [rng.choice([0, sq, rng.randint(1, 90)]) for _ in range(3)] + [rng.randint(20, 150)]
@@ -78,7 +99,7 @@ def main():
             sink = rng.random() < 0.6
         extra = (["--topk", str(topk)] if topk else []) + (["--attn-sink"] if sink else [])
         case = os.path.join(a.work, f"case{seed}.safetensors")
-        gcmd = [a.binary, "golden", "--preset", "tiny", "--profile", profile, "--norm", norm,
+        gcmd = [a.binary, "golden", "--preset", preset, "--profile", profile, "--norm", norm,
                 "--sq", str(sq), "--batch", str(len(seqlens)),
                 "--seqlens", ",".join(map(str, seqlens)), "--seed", str(seed), "--layout", layout,
                 "--page-size", str(page)] + extra + ["-o", case]
@@ -88,6 +109,11 @@ def main():
             continue
         bugs = [b for b in BUGS[layout] if not (b == "no_alpha" and norm == "none")]
         bugs += (TOPK_BUGS if topk else []) + (SINK_BUGS if sink else [])
+        if profile == "fp8-block128" and LATENT_RANK[preset] > 128:
+            bugs += BLOCK128_BUGS
+        elif profile == "fp8-block128":
+            print(f"seed {seed} {layout} {profile} r={LATENT_RANK[preset]} per_token_scale: "
+                  f"not applicable (one 128-block)")
         for bug in [None] + bugs:
             outs = os.path.join(a.work, f"out{seed}_{bug or 'correct'}.safetensors")
             k = [sys.executable, KERNELS, case, outs, "--layout", layout] + (["--bug", bug] if bug else [])
@@ -102,6 +128,7 @@ def main():
             want = 0 if bug is None else 1
             verdict = "PASS" if au.returncode == 0 else "FAIL" if au.returncode == 1 else f"exit {au.returncode}"
             feats = (f" topk={topk}" if topk else "") + (" sink" if sink else "")
+            feats += f" {preset}" if preset != "tiny" else ""
             line = (f"seed {seed} {layout} {profile} {norm} sq={sq} page={page}{feats} "
                     f"{bug or 'correct'}: {verdict}")
             print(line)

@@ -17,6 +17,14 @@ FlashMLA also takes sparse top-k (config `topk` > 0: `flashmla.indices [B, S_q, 
 cache slots page * P + offset, -1 pads; exactly the listed slots are attended, in index order,
 instead of the causal window) and attention sinks (config `attn_sink`: `flashmla.attn_sink [H]`;
 the output is scaled by 1 / (1 + exp(s_h - lse)) before it is stored, lse is returned without it).
+
+Profile fp8-block128 (config `profile`): FlashMLA's `flashmla.k_cache` is its packed fp8 cache,
+U8 [num_blocks, P, 1, W] with W = r + 4 ceil(r/128) + 2 d_r bytes per slot: the r e4m3 codes, the
+ceil(r/128) little-endian fp32 scales (scale j for latent values 128 j ... 128 j + 127), the d_r
+little-endian bf16 rope values; latent value l = code_l * scale_{l / 128}.  FlashInfer's
+`flashinfer.ckv_scale_cache` is then [num_pages, P, ceil(r/128)].  Bug `per_token_scale` (that
+profile, r > 128 only; a no-op elsewhere) dequantizes every latent value of a slot with the
+slot's first block scale, as a kernel written for one scale per token would.
 """
 import argparse, json, math, struct, sys
 
@@ -27,7 +35,43 @@ DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes
       "F8_E4M3": ml_dtypes.float8_e4m3fn, "I64": np.int64, "I32": np.int32, "U8": np.uint8}
 DT_NAME = {np.dtype(v): k for k, v in DT.items()}
 BUGS = ["block_table_shift", "lse_transposed", "lse_base2", "no_alpha", "reads_past_len",
-        "topk_off_by_one", "sink_in_lse", "sink_ignored"]
+        "topk_off_by_one", "sink_in_lse", "sink_ignored", "per_token_scale"]
+BLOCK = 128                                                 # fp8-block128: latent values per scale
+
+
+def is_block128(cfg):
+    return cfg.get("profile") == "fp8-block128"
+
+
+def block_scales(scale, r, bug=None):
+    """Expand per-block scales [..., ceil(r/128)] to one per latent value [..., r]; with bug
+    per_token_scale every value takes the first block's scale."""
+    cols = np.zeros(r, np.int64) if bug == "per_token_scale" else np.arange(r) // BLOCK
+    return scale[..., cols]
+
+
+def unpack_flashmla_fp8(kc, r, d_r, bug=None):
+    """FlashMLA's packed fp8 cache U8 [NB, P, 1, W] -> float32 [NB, P, r + d_r]: per slot the
+    dequantized latent (code * scale of its 128-block) then the bf16 rope (docs/layouts.md)."""
+    nb = -(-r // BLOCK)
+    W = r + 4 * nb + 2 * d_r
+    if kc.dtype != np.uint8 or kc.ndim != 4 or kc.shape[2] != 1 or kc.shape[3] != W:
+        raise ValueError(f"flashmla.k_cache: want U8 [NB, P, 1, {W}], got {kc.dtype} {kc.shape}")
+    raw = np.ascontiguousarray(kc[:, :, 0, :])                              # [NB, P, W] bytes
+    codes = raw[..., :r].view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale = np.ascontiguousarray(raw[..., r:r + 4 * nb]).view("<f4").astype(np.float32)
+    rope_bits = np.ascontiguousarray(raw[..., r + 4 * nb:]).view("<u2").astype(np.uint16)
+    rope = rope_bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    return np.concatenate([codes * block_scales(scale, r, bug), rope], axis=-1)
+
+
+def pack_flashmla_fp8(codes, scale, rope):
+    """The inverse, written byte by byte from the docs: codes [..., r] e4m3, scale [..., nb] F32,
+    rope [..., d_r] bf16 -> U8 [..., W] (little-endian scales and rope)."""
+    c = np.ascontiguousarray(codes.astype(ml_dtypes.float8_e4m3fn)).view(np.uint8)
+    sb = np.ascontiguousarray(scale.astype("<f4")).view(np.uint8)
+    rb = np.ascontiguousarray(rope.astype(ml_dtypes.bfloat16)).view(np.uint16).astype("<u2")
+    return np.concatenate([c, sb, np.ascontiguousarray(rb).view(np.uint8)], axis=-1)
 
 
 def load(path):
@@ -98,7 +142,10 @@ def flashmla(t, cfg, bug=None):
     acc = acc_type(q.dtype)
     B, S, H, _ = q.shape
     P, r = kc.shape[1], cfg["latent_rank"]
-    qf, kf = q.astype(acc), kc[:, :, 0, :].astype(acc)     # [NB, P, r + d_r]
+    if is_block128(cfg):                                    # packed fp8 cache, decoded to fp32
+        qf, kf = q.astype(acc), unpack_flashmla_fp8(kc, r, int(cfg["d_r"]), bug).astype(acc)
+    else:
+        qf, kf = q.astype(acc), kc[:, :, 0, :].astype(acc)  # [NB, P, r + d_r]
     norm = cfg["norm"] != "none"
     aq = t["flashmla.alpha_q"].astype(acc) if norm else None
     akc = t["flashmla.alpha_k_cache"].astype(acc) if norm else None
@@ -168,7 +215,10 @@ def flashinfer(t, cfg, bug=None, base2=False):
     qn, qp = t["flashinfer.q_nope"], t["flashinfer.q_pe"]
     acc = acc_type(qn.dtype)
     ckv = t["flashinfer.ckv_cache"].astype(acc)
-    if "flashinfer.ckv_scale_cache" in t:                   # fp8: value = code * scale
+    if "flashinfer.ckv_scale_cache" in t and is_block128(cfg):   # one scale per 128-block
+        sc = t["flashinfer.ckv_scale_cache"].astype(acc)    # [NP, P, ceil(r/128)]
+        ckv = ckv * block_scales(sc, ckv.shape[-1], bug)
+    elif "flashinfer.ckv_scale_cache" in t:                 # fp8: value = code * scale
         ckv = ckv * t["flashinfer.ckv_scale_cache"].astype(acc)[:, :, None]
     kpe = t["flashinfer.kpe_cache"].astype(acc)
     P = ckv.shape[1]
@@ -215,7 +265,10 @@ def dense_reference(d, cfg):
     out = np.zeros((B, S, H, r))
     lse = np.full((B, S, H), np.nan)                        # nan marks "sees no token"
     kv = d["kv_c"].astype(np.float64)
-    if "kv_c_scale" in d:
+    if "kv_c_scale" in d and d["kv_c_scale"].ndim == 3:     # fp8-block128: scale per 128-block
+        r = kv.shape[-1]
+        kv = kv * np.stack([d["kv_c_scale"][:, :, l // BLOCK] for l in range(r)], -1)
+    elif "kv_c_scale" in d:
         kv = kv * d["kv_c_scale"][:, :, None]
     for b in range(B):
         T = cfg["seqlens"][b]
@@ -257,16 +310,22 @@ def make_paged(d, cfg, P, rng):
         k += n
     NB = len(order)
     fp8 = "kv_c_scale" in d
+    blk = fp8 and d["kv_c_scale"].ndim == 3                 # fp8-block128
     ckv = np.full((NB, P, r), np.nan, np.float32)
     kpe = np.full((NB, P, dr), np.nan, np.float32)
     akc = np.full((NB, P, G), np.nan, np.float32)
-    scl = np.full((NB, P), np.nan, np.float32)
+    scl = np.full((NB, P) + d["kv_c_scale"].shape[2:] if blk else (NB, P), np.nan, np.float32)
+    W = r + 4 * -(-r // BLOCK) + 2 * dr
+    packed = np.full((NB, P, 1, W), 0xFF, np.uint8)         # unfilled slots: all 0xFF bytes
     for b in range(B):
         for t in range(seq[b]):
             p, s = pages[b][t // P], t % P
             ckv[p, s] = d["kv_c"][b, t].astype(np.float32)
             kpe[p, s] = d["k_rope"][b, t]
             scl[p, s] = d["kv_c_scale"][b, t] if fp8 else 1.0
+            if blk:
+                packed[p, s, 0] = pack_flashmla_fp8(d["kv_c"][b, t], d["kv_c_scale"][b, t],
+                                                    d["k_rope"][b, t])
             if cfg["norm"] != "none":
                 akc[p, s] = d["alpha_k"][b, t]
     mb = max(1, max(npg))
@@ -285,9 +344,10 @@ def make_paged(d, cfg, P, rng):
                                                     for T, n in zip(seq, npg)], np.int32)}
     if fp8:
         out["flashinfer.ckv_scale_cache"] = scl
-    else:
+    if not fp8 or blk:
         out.update({"flashmla.q": np.concatenate([d["q_latent"], d["q_rope"]], -1),
-                    "flashmla.k_cache": np.concatenate([ckv, kpe], -1)[:, :, None, :],
+                    "flashmla.k_cache": packed if blk else
+                    np.concatenate([ckv, kpe], -1)[:, :, None, :],
                     "flashmla.block_table": bt,
                     "flashmla.cache_seqlens": np.array(seq, np.int32)})
         if "indices" in d:                                  # token -> global slot page * P + offset
@@ -302,7 +362,7 @@ def make_paged(d, cfg, P, rng):
     if cfg["norm"] != "none":
         out["flashinfer.alpha_q"] = d["alpha_q"].reshape(B * S, H)
         out["flashinfer.alpha_k_cache"] = akc
-        if not fp8:
+        if not fp8 or blk:
             out["flashmla.alpha_q"], out["flashmla.alpha_k_cache"] = d["alpha_q"], akc
     return out
 
@@ -353,6 +413,7 @@ def self_test():
                           f"fp8={fp8}")
                     ok &= good
     ok &= self_test_sparse_sink(rng)
+    ok &= self_test_block128(rng)
     print("self-test:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -417,6 +478,100 @@ def self_test_sparse_sink(rng):
                 print(f"{'PASS' if good else 'FAIL'} flashmla   norm={norm:9s} causal={causal} "
                       f"topk={topk} sink={sink}")
                 ok &= good
+    return ok
+
+
+def quantize_block128(c):
+    """conventions section 3, fp8-block128: power-of-two scale per 128-block, RNE e4m3 codes.
+    c [..., r] float64 -> (codes [..., r] e4m3, scale [..., ceil(r/128)] F32)."""
+    r = c.shape[-1]
+    nb = -(-r // BLOCK)
+    scale = np.zeros(c.shape[:-1] + (nb,), np.float32)
+    for j in range(nb):
+        amax = np.abs(c[..., j * BLOCK:(j + 1) * BLOCK]).max(-1)
+        x = np.maximum((amax / 448).astype(np.float32), np.float32(1e-4))
+        scale[..., j] = np.exp2(np.ceil(np.log2(x))).astype(np.float32)
+    codes = (c / np.stack([scale[..., l // BLOCK] for l in range(r)], -1)).astype(
+        ml_dtypes.float8_e4m3fn)
+    return codes, scale
+
+
+def self_test_block128_bytes():
+    """The packed slot decoded against bytes written by hand with struct (little-endian)."""
+    r, dr = 130, 2                                          # two blocks, the second of 2 values
+    codes = np.zeros(r, ml_dtypes.float8_e4m3fn)
+    codes[0], codes[127], codes[128], codes[129] = 1.5, -2.0, 3.0, 448.0
+    raw = codes.view(np.uint8).tobytes() + struct.pack("<ff", 0.25, 8.0) + \
+        struct.pack("<HH", 0x3F80, 0xC040)                  # bf16 1.0, -3.0
+    kc = np.frombuffer(raw, np.uint8).reshape(1, 1, 1, -1)
+    got = unpack_flashmla_fp8(kc, r, dr)[0, 0]
+    want = np.zeros(r + dr, np.float32)
+    want[0], want[127], want[128], want[129], want[130], want[131] = \
+        0.375, -0.5, 24.0, 3584.0, 1.0, -3.0
+    good = np.array_equal(got, want) and np.array_equal(
+        pack_flashmla_fp8(codes, np.array([0.25, 8.0], np.float32),
+                          np.array([1.0, -3.0], np.float32)).tobytes(), raw)
+    bad = unpack_flashmla_fp8(kc, r, dr, "per_token_scale")[0, 0]
+    good &= bad[128] == 0.75 and bad[129] == 112.0 and bad[0] == 0.375
+    empty = unpack_flashmla_fp8(np.full((1, 1, 1, len(raw)), 0xFF, np.uint8), r, dr)
+    good &= bool(np.all(np.isnan(empty)))
+    print(f"{'PASS' if good else 'FAIL'} flashmla   fp8-block128 packed bytes (r={r}, d_r={dr})")
+    return good
+
+
+def self_test_block128(rng):
+    """fp8-block128 in both layouts (FlashMLA's packed U8 cache built here from the docs)
+    against the float64 loops, with top-k and sinks on FlashMLA; bug per_token_scale."""
+    ok = self_test_block128_bytes()
+    for norm in ["blockwise", "unified", "none"]:
+        for causal in [True, False]:
+            for r, topk, sink in [(200, 0, False), (200, 5, True), (32, 0, True)]:
+                B, S, H, G, dr, P = 4, 3, 4, 2, 4, 4
+                seq = [5, 0, 13, 2]
+                cfg = dict(heads=H, groups=G, latent_rank=r, d_r=dr, softmax_scale=0.1, norm=norm,
+                           causal=causal, s_q=S, seqlens=seq, profile="fp8-block128", topk=topk,
+                           attn_sink=sink)
+                f = lambda *s: rng.standard_normal(s).astype(np.float32)
+                bf = lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32)
+                # blocks of different magnitudes, so that their scales differ
+                mag = np.exp2(rng.integers(-3, 4, (B, 13, -(-r // BLOCK))))
+                c = rng.standard_normal((B, 13, r)) * np.stack(
+                    [mag[:, :, l // BLOCK] for l in range(r)], -1)
+                codes, scale = quantize_block128(c)
+                d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr),
+                     "kv_c": codes, "kv_c_scale": scale, "k_rope": bf(f(B, 13, dr)),
+                     "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
+                     "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
+                if topk:
+                    d["indices"] = draw_indices(rng, seq, S, topk, causal)
+                if sink:
+                    d["attn_sink"] = np.array([1.5, -0.5, 3.0, -np.inf], np.float32)
+                ref_o, ref_l = dense_reference(d, cfg)
+                t = make_paged(d, cfg, P, rng)
+                for lay in ["flashmla"] + ([] if topk or sink else ["flashinfer"]):
+                    run = (lambda bug=None: flashmla(t, cfg, bug)) if lay == "flashmla" else \
+                        (lambda bug=None: flashinfer(t, cfg, bug))
+                    res = run()
+                    if lay == "flashmla":
+                        o, l, empty = res["out"], res["softmax_lse"].transpose(0, 2, 1), np.inf
+                    else:
+                        o, l, empty = res["o"].reshape(B, S, H, r), res["lse"].reshape(B, S, H), -np.inf
+                    seen = ~np.isnan(ref_l)
+                    tol = 1e-5 * max(1.0, float(np.abs(ref_o).max()))  # fp32 on values up to ~30
+                    good = (np.allclose(o, ref_o, rtol=1e-5, atol=tol)
+                            and np.allclose(l[seen], ref_l[seen], rtol=1e-5, atol=1e-5)
+                            and np.all(l[~seen] == empty) and np.all(o[~seen] == 0))
+                    if not good:
+                        print("  max |out - ref|", np.nanmax(np.abs(o - ref_o)), "max |lse - ref|",
+                              np.nanmax(np.abs(l[seen] - ref_l[seen])), "max |ref|", np.abs(ref_o).max())
+                    bad = run("per_token_scale")
+                    changed = not all(np.array_equal(bad[k], res[k], equal_nan=True) for k in res)
+                    if changed != (r > BLOCK):
+                        good = False
+                        print(f"  bug per_token_scale {'changed' if changed else 'had no effect'}")
+                    print(f"{'PASS' if good else 'FAIL'} {lay:10s} norm={norm:9s} causal={causal} "
+                          f"fp8-block128 r={r} topk={topk} sink={sink}")
+                    ok &= good
     return ok
 
 
