@@ -22,7 +22,7 @@ TEST_CASE("gate.default_config_passes_correct_and_kills_every_mutant") {
   CHECK(r.failed() == 0);
   // Every mutant x profile has a verdict (none skipped as not applicable everywhere), killed.
   for (const impl::Mutant& m : impl::mutants())
-    for (const char* p : {"fp64", "fp32", "bf16", "fp16", "fp8"}) {
+    for (const char* p : {"fp64", "fp32", "bf16", "fp16", "fp8", "fp8-block128"}) {
       CAPTURE(m.name);
       CAPTURE(p);
       const GateCase* found = nullptr;
