@@ -115,3 +115,22 @@ def test_a_flashmla_style_kernel_through_its_own_interface():
     wrong = np.ascontiguousarray(np.transpose(lse, (0, 2, 1))).reshape(lse.shape)
     v = qkmla.audit(c, out=out, softmax_lse=wrong, layout="flashmla")
     assert not v.passed and "softmax_lse_order=[B,S_q,H]" in v.diagnosis
+
+
+def test_sparse_topk_sinks_and_fp8_block128_through_flashmla_args():
+    c = qkmla.golden(preset="paper-g8", profile="fp8-block128", seqlens=[40, 0, 9], sq=2,
+                     layout="flashmla", page_size=16, topk=12, attn_sink=True)
+    args = c.kernel_args("flashmla")
+    assert tuple(args["indices"].shape) == (3, 2, 12) and "int32" in str(args["indices"].dtype)
+    assert tuple(args["attn_sink"].shape) == (16,)
+    # FlashMLA's packed fp8 cache: 512 e4m3 codes, 4 fp32 scales, 64 bf16 rope values per slot.
+    assert tuple(args["k_cache"].shape)[-1] == 656 and "uint8" in str(args["k_cache"].dtype)
+    out = c.ref["latent_out"].astype(np.float32).astype(ml_dtypes.bfloat16)
+    lse = np.ascontiguousarray(np.transpose(c.ref["lse"], (0, 2, 1)).astype(np.float32))
+    lse[np.isneginf(lse)] = np.inf
+    qkmla.audit(c, out=out, softmax_lse=lse, layout="flashmla").assert_pass()
+    # The sink also folded into lse (log(exp(lse) + exp(s_h))): FAIL.
+    s = c.inputs["attn_sink"].astype(np.float64)
+    finite = np.isfinite(lse)
+    folded = np.where(finite, np.logaddexp(lse, s[None, :, None]), lse).astype(np.float32)
+    assert not qkmla.audit(c, out=out, softmax_lse=folded, layout="flashmla").passed

@@ -91,7 +91,7 @@ def main():
             profile, preset = "fp8-block128", "paper-g8"
         norm = rng.choice(["blockwise", "unified", "none"])
         sq = rng.choice([1, 2])
-        seqlens = [rng.choice([0, sq, rng.randint(1, 90)]) for _ in range(3)] + [rng.randint(20, 150)]
+        seqlens = [rng.choice([0, sq, max(sq, rng.randint(1, 90))]) for _ in range(3)] + [rng.randint(20, 150)]
         page = rng.choice([4, 16, 64])
         topk = sink = 0
         if layout == "flashmla":              # FlashInfer refuses both (docs/layouts.md)
