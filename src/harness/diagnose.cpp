@@ -140,7 +140,9 @@ std::vector<Convention> make_conventions() {
     const std::string name = "mutant=" + m.name;
     const Perturbation p = m.p;
     const impl::Mutant* mp = &m;
-    v.push_back({name, m.bug, false,
+    // Visibility and the sink act in the attention core, which a kernel-level case runs too.
+    const bool kernel = p.causal_extra != 0 || p.topk_shift != 0 || p.sink != SinkForm::OutOnly;
+    v.push_back({name, m.bug, kernel,
                  [mp](Case& k) { return impl::mutant_not_applicable(*mp, k.cfg).empty(); }, p});
   }
   return v;

@@ -26,7 +26,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join(HERE, "..", "zoo", "paged_kernels.py")
 # The convention the audit's diagnosis must name for a bug, where one exists.
-DIAGNOSIS = {"lse_transposed": "softmax_lse_order=[B,S_q,H]", "lse_base2": "lse_base=2"}
+DIAGNOSIS = {"lse_transposed": "softmax_lse_order=[B,S_q,H]", "lse_base2": "lse_base=2",
+             "sink_in_lse": "mutant=sink_in_lse", "sink_ignored": "mutant=sink_ignored"}
 BUGS = {"flashmla": ["block_table_shift", "lse_transposed", "no_alpha", "reads_past_len"],
         "flashinfer": ["block_table_shift", "lse_base2", "no_alpha", "reads_past_len"]}
 TOPK_BUGS = ["topk_off_by_one"]          # FlashMLA top-k cases only
