@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "all_impls.hpp"
 #include "helpers.hpp"
 #include "metrics/compare.hpp"
 #include "reference/mp.hpp"
@@ -94,15 +95,7 @@ TEST_CASE("reference.equivalence.scenarios_and_profiles") {
 
 namespace {
 
-std::vector<Outputs> all_impls(const Case& k) {
-  std::vector<Outputs> v;
-  const ref::Dots d = ref::exact_dots(k);
-  ref::PrecisionScope scope(113);
-  v.push_back(ref::ref_explicit(k, d, true));
-  v.push_back(ref::ref_absorbed(k, d));
-  for (Outputs& o : run_impls(k, test::cpu_ids(k.cfg))) v.push_back(std::move(o));
-  return v;
-}
+using test::all_impls;
 
 // Tolerance of one element in a closed-form check. The closed-form value is computed in double
 // here (at most ~64 terms of magnitude <= 10: off by < 1e-13). The reference agrees with the exact

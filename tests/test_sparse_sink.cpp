@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "all_impls.hpp"
 #include "core/generator.hpp"
 #include "core/rng.hpp"
 #include "harness/registry.hpp"
@@ -26,17 +27,6 @@ MlaConfig sparse_config(const std::string& preset, NormMode norm, int topk, bool
   c.topk = topk;
   c.attn_sink = sink;
   return c;
-}
-
-// Every output of both reference forms and every cpu.* implementation of the case.
-std::vector<Outputs> every_impl(const Case& k) {
-  std::vector<Outputs> v;
-  const ref::Dots d = ref::exact_dots(k);
-  ref::PrecisionScope scope(113);
-  v.push_back(ref::ref_explicit(k, d, true));
-  v.push_back(ref::ref_absorbed(k, d));
-  for (Outputs& o : run_impls(k, test::cpu_ids(k.cfg))) v.push_back(std::move(o));
-  return v;
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -161,7 +151,7 @@ TEST_CASE("sink.impls.every_cpu_implementation_applies_it") {
   const uint64_t seed = test::seed(504);
   CAPTURE(seed);
   const Case k = generate_case(sparse_config("tiny", NormMode::Blockwise, 6, true, seed));
-  const std::vector<Outputs> v = every_impl(k);
+  const std::vector<Outputs> v = test::all_impls(k);
   const Tensor& truth = v[0].tensors.at("out");
   for (const Outputs& o : v) {
     CAPTURE(to_string(o.id));

@@ -62,24 +62,18 @@ def main():
     lo, hi = (int(x) for x in a.seeds.split("-"))
     os.makedirs(a.work, exist_ok=True)
     bad, audits = [], 0
-    # FlashInfer's MLA interface has no top-k indices: golden must refuse it clearly (exit 2).
-    refuse = [a.binary, "golden", "--preset", "tiny", "--profile", "fp32", "--batch", "2",
-              "--seqlen", "16", "--layout", "flashinfer", "--topk", "4",
-              "-o", os.path.join(a.work, "refused.safetensors")]
-    rf = run(refuse)
-    print(f"flashinfer --topk 4 refused: exit {rf.returncode}")
-    if rf.returncode != 2:
-        bad.append(f"golden --layout flashinfer --topk 4 exited {rf.returncode}, not 2  "
-                   f"(reproduce: {' '.join(refuse)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
-    # FlashMLA has no per-token fp8 cache (only fp8-block128): golden must refuse it (exit 2).
-    refuse = [a.binary, "golden", "--preset", "tiny", "--profile", "fp8", "--batch", "2",
-              "--seqlen", "16", "--layout", "flashmla",
-              "-o", os.path.join(a.work, "refused.safetensors")]
-    rf = run(refuse)
-    print(f"flashmla --profile fp8 refused: exit {rf.returncode}")
-    if rf.returncode != 2:
-        bad.append(f"golden --layout flashmla --profile fp8 exited {rf.returncode}, not 2  "
-                   f"(reproduce: {' '.join(refuse)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
+    def expect_refusal(what, args):  # golden must refuse a layout the kernel lacks (exit 2)
+        cmd = [a.binary, "golden", "--preset", "tiny", "--batch", "2", "--seqlen", "16", *args,
+               "-o", os.path.join(a.work, "refused.safetensors")]
+        rf = run(cmd)
+        print(f"{what} refused: exit {rf.returncode}")
+        if rf.returncode != 2:
+            bad.append(f"golden {what} exited {rf.returncode}, not 2  "
+                       f"(reproduce: {' '.join(cmd)})\n" + rf.stdout[-500:] + rf.stderr[-500:])
+
+    # FlashInfer's MLA interface has no top-k indices; FlashMLA has no per-token fp8 cache.
+    expect_refusal("flashinfer --topk 4", ["--profile", "fp32", "--layout", "flashinfer", "--topk", "4"])
+    expect_refusal("flashmla --profile fp8", ["--profile", "fp8", "--layout", "flashmla"])
     for seed in range(lo, hi + 1):
         rng = random.Random(seed)
         layout = ["flashmla", "flashinfer"][seed % 2]

@@ -433,6 +433,21 @@ def draw_indices(rng, seq, S, K, causal):
     return idx
 
 
+def small_inputs(rng, cfg, kv, k_rope, topk, sink):
+    """The self-tests' dense kernel inputs around a given latent cache: queries, statistics, and
+    top-k indices and sinks when asked (B = 4, S = 3, H = 4, G = 2, 13 cache rows)."""
+    B, S, H, G, r, dr = 4, cfg["s_q"], cfg["heads"], cfg["groups"], cfg["latent_rank"], cfg["d_r"]
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr), **kv, "k_rope": k_rope,
+         "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
+         "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
+    if topk:
+        d["indices"] = draw_indices(rng, cfg["seqlens"], S, topk, cfg["causal"])
+    if sink:
+        d["attn_sink"] = np.array([1.5, -0.5, 3.0, -np.inf], np.float32)
+    return d
+
+
 def self_test_sparse_sink(rng):
     """FlashMLA with top-k indices and/or sinks against the float64 loops, and the new bugs."""
     ok = True
@@ -445,14 +460,7 @@ def self_test_sparse_sink(rng):
                            causal=causal, s_q=S, seqlens=seq, profile="fp32", topk=topk,
                            attn_sink=sink)
                 f = lambda *s: rng.standard_normal(s).astype(np.float32)
-                d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr),
-                     "kv_c": f(B, 13, r), "k_rope": f(B, 13, dr),
-                     "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
-                     "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
-                if topk:
-                    d["indices"] = draw_indices(rng, seq, S, topk, causal)
-                if sink:
-                    d["attn_sink"] = np.array([1.5, -0.5, 3.0, -np.inf], np.float32)
+                d = small_inputs(rng, cfg, {"kv_c": f(B, 13, r)}, f(B, 13, dr), topk, sink)
                 ref_o, ref_l = dense_reference(d, cfg)
                 t = make_paged(d, cfg, P, rng)
                 res = flashmla(t, cfg)
@@ -538,14 +546,8 @@ def self_test_block128(rng):
                 c = rng.standard_normal((B, 13, r)) * np.stack(
                     [mag[:, :, l // BLOCK] for l in range(r)], -1)
                 codes, scale = quantize_block128(c)
-                d = {"q_latent": f(B, S, H, r), "q_rope": f(B, S, H, dr),
-                     "kv_c": codes, "kv_c_scale": scale, "k_rope": bf(f(B, 13, dr)),
-                     "alpha_q": rng.uniform(.5, 2, (B, S, H)).astype(np.float32),
-                     "alpha_k": rng.uniform(.5, 2, (B, 13, G)).astype(np.float32)}
-                if topk:
-                    d["indices"] = draw_indices(rng, seq, S, topk, causal)
-                if sink:
-                    d["attn_sink"] = np.array([1.5, -0.5, 3.0, -np.inf], np.float32)
+                d = small_inputs(rng, cfg, {"kv_c": codes, "kv_c_scale": scale}, bf(f(B, 13, dr)),
+                                 topk, sink)
                 ref_o, ref_l = dense_reference(d, cfg)
                 t = make_paged(d, cfg, P, rng)
                 for lay in ["flashmla"] + ([] if topk or sink else ["flashinfer"]):
