@@ -8,10 +8,10 @@
 #include "core/presets.hpp"
 #include "harness/audit.hpp"
 #include "harness/golden.hpp"
-#include "harness/inputs.hpp"
 #include "harness/layouts.hpp"
 #include "harness/resources.hpp"
 #include "io/case_io.hpp"
+#include "io/inputs.hpp"
 #include "io/safetensors.hpp"
 #include "render/audit_view.hpp"
 

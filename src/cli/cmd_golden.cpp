@@ -11,10 +11,10 @@
 #include "cli/commands.hpp"
 #include "core/generator.hpp"
 #include "harness/golden.hpp"
-#include "harness/inputs.hpp"
 #include "harness/layouts.hpp"
 #include "harness/resources.hpp"
 #include "io/case_io.hpp"
+#include "io/inputs.hpp"
 
 namespace qkmla::cli {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "harness/inputs.hpp"
+#include "io/inputs.hpp"
 #include "io/outputs_io.hpp"
 #include "io/safetensors.hpp"
 

@@ -1,4 +1,4 @@
-#include "harness/inputs.hpp"
+#include "io/inputs.hpp"
 
 #include <fmt/format.h>
 
