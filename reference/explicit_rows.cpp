@@ -84,8 +84,8 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
   logits_.resize(n);
   for (PackedMpVec& l : logits_) l.reserve(size_t(T_));
   lse_.resize(n);
-  out_.assign(n, MpVec(size_t(c_.d_v), Mp(0)));
-  lat_.assign(latent_ ? n : 0, MpVec(size_t(c_.latent_rank), Mp(0)));
+  out_.assign(n, std::vector<ExactSum>(size_t(c_.d_v)));
+  lat_.assign(latent_ ? n : 0, std::vector<ExactSum>(size_t(c_.latent_rank)));
   seen_.assign(n, 0);
   if (c_.norm != NormMode::None) {  // multiplying by an exact Mp rounds as mpfr_mul_d does
     const bool uni = c_.norm == NormMode::Unified;
@@ -170,12 +170,11 @@ void ExplicitRows::softmax() {  // E.6; p = exp(logit - lse) is formed again as 
   }
 }
 
-// E.7: out = sum_t p v[t, g(h)], v exact then rounded once; latent_out likewise with c[t] (a
-// double: multiplying by it rounds as multiplying by its exact Mp does). Group by group, each
-// row's tokens in order: the sums' order is the token order, as before.
+// E.7: out = sum_t p v[t, g(h)], v exact then rounded once, p rounded once, the sum exact (X.6);
+// latent_out likewise with c[t] (a double, exact).
 void ExplicitRows::values(int64_t t0, int64_t t1) {
   const Tensor& kv = k_.latent();
-  Mp tmp, p, logit;
+  Mp p, logit;
   MpVec v(size_t(c_.d_v));  // v[t, g] [d_v]
   for (int g = 0; g < c_.groups; ++g) {
     if (!needed_[size_t(g)]) continue;
@@ -185,32 +184,33 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
         if (!visible(x, t)) continue;
         logits_[x].get(seen_[x]++, logit);
         p = exp(logit - lse_[x]);
-        for (int j = 0; j < c_.d_v; ++j) mac(out_[x][size_t(j)], p, v[size_t(j)], tmp);
+        for (int j = 0; j < c_.d_v; ++j)
+          out_[x][size_t(j)].add_product(p.backend().data(), v[size_t(j)].backend().data());
         if (!latent_) continue;
         const double* ct = kv.ptr({b_, t, 0});  // c[t] [r]
-        for (size_t j = 0; j < lat_[x].size(); ++j) {
-          mpfr_ptr acc = lat_[x][j].backend().data();
-          mul_d(tmp.backend().data(), p.backend().data(), ct[j]);
-          mpfr_add(acc, acc, tmp.backend().data(), MPFR_RNDN);
-        }
+        for (size_t j = 0; j < lat_[x].size(); ++j)
+          lat_[x][j].add_product(p.backend().data(), ct[j]);
       }
     }
   }
 }
 
 void ExplicitRows::finish() {
+  const Mp one = 1;
+  Mp v;
   for (size_t x = 0; x < out_.size(); ++x) {
     const int64_t base = int64_t(b_ * c_.s_q * c_.heads + ids_[x]);
-    if (c_.attn_sink) {  // K.1: the sink scales out (and latent_out); lse is stored without it
-      const Mp f = sink_factor(Mp(k_.sink(ids_[x] % c_.heads)), lse_[x]);
-      for (Mp& v : out_[x]) v *= f;
-      if (latent_)
-        for (Mp& v : lat_[x]) v *= f;
-    }
-    for (int j = 0; j < c_.d_v; ++j) store(o_, "out", base * c_.d_v + j, out_[x][size_t(j)]);
+    // K.1: the sink scales out (and latent_out); lse is stored without it
+    const Mp f = c_.attn_sink ? sink_factor(Mp(k_.sink(ids_[x] % c_.heads)), lse_[x]) : one;
+    auto put = [&](const char* name, int64_t flat, const ExactSum& sum) {
+      sum.round(v.backend().data());
+      if (c_.attn_sink) v *= f;
+      store(o_, name, flat, v);
+    };
+    for (int j = 0; j < c_.d_v; ++j) put("out", base * c_.d_v + j, out_[x][size_t(j)]);
     if (latent_)
       for (int j = 0; j < c_.latent_rank; ++j)
-        store(o_, "latent_out", base * c_.latent_rank + j, lat_[x][size_t(j)]);
+        put("latent_out", base * c_.latent_rank + j, lat_[x][size_t(j)]);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "core/case.hpp"
 #include "core/outputs.hpp"
 #include "reference/dots.hpp"
+#include "reference/exact_sum.hpp"
 #include "reference/ref_common.hpp"
 
 namespace qkmla::ref {
@@ -54,10 +55,10 @@ class ExplicitRows {
   Dots::Cursor k0c_, v_;
   std::vector<PackedMpVec> logits_;  // [rows][visible t]: the only per-token state kept (E.5)
   MpVec lse_;                        // [rows]
-  std::vector<MpVec> out_;           // [rows][d_v]
-  std::vector<MpVec> lat_;           // [rows][r] (latent_out only)
-  std::vector<size_t> seen_;         // [rows]: logits read back by values()
-  MpVec gain_c_, gain_r_;            // the key gains (exact): content [d_c], rope [d_r]
+  std::vector<std::vector<ExactSum>> out_;  // [rows][d_v]: E.7's sums, exact (X.6)
+  std::vector<std::vector<ExactSum>> lat_;  // [rows][r] (latent_out only)
+  std::vector<size_t> seen_;                // [rows]: logits read back by values()
+  MpVec gain_c_, gain_r_;                   // the key gains (exact): content [d_c], rope [d_r]
   // keys(): per token of the chunk in hand, the rope part of its key [chunk][d_r] (unified: the
   // part the norm sees) and its sum of squares [chunk]; each row's rope logit term [rows][chunk]
   std::vector<MpVec> rope_;

@@ -5,6 +5,7 @@
 
 #include "core/attention_math.hpp"
 #include "core/parallel.hpp"
+#include "reference/exact_sum.hpp"
 #include "reference/mp_matmul.hpp"
 
 namespace qkmla::ref {
@@ -94,8 +95,9 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
   MpLatentResult res;
   res.lse.resize(rows);
   res.latent_out.assign(rows, MpVec(size_t(r), Mp(0)));
-  // E.6 and A.5 (p spans many binades: plain multiprecision sums, token by token). Rows are
-  // independent: `threads` tasks take a range of rows each.
+  // E.6 and A.5: p_t rounded once; each sum over tokens exact, 256 tokens at a time by X.4's exact
+  // products and across blocks by X.6 (p spans many binades, which X.4's scaling and X.6's
+  // window follow), rounded once. Rows are independent: `threads` tasks take a range of rows each.
   auto attend_rows = [&](size_t row0, size_t row1) {
     for (size_t row = row0; row < row1; ++row) {
       std::vector<std::pair<const PackedMpVec*, size_t>> at;  // visible index -> (chunk, index)
@@ -104,21 +106,34 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
       res.lse[row] =
           softmax_lse(at.size(), [&](size_t j, Mp& out) { at[j].first->get(at[j].second, out); });
     }
-    MpVec ct(static_cast<size_t>(r));
     std::vector<size_t> next(row1 - row0, 0);  // the next logit of each row in its chunk
-    Mp logit, pr, tmp;
+    std::vector<ExactSum> sums(size_t(r) * (row1 - row0));            // [rows of the task, r]
+    std::vector<MpVec> pb(row1 - row0, MpVec(size_t(kScoreTokens)));  // [rows][block tokens]: p_t
+    Mp logit;
     for (const Chunk& ch : chunks) {
       std::fill(next.begin(), next.end(), 0);
-      for (int64_t t = ch.t0; t < ch.t1; ++t) {
-        for (int l = 0; l < r; ++l) ct[size_t(l)] = rows_c[t * r + l];
+      for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += kScoreTokens) {
+        const int64_t nb = std::min(kScoreTokens, ch.t1 - t0);
         for (size_t row = row0; row < row1; ++row) {
-          if (!hook::visible(p, k, b, int(row) / c.heads, t)) continue;
-          ch.logits[row].get(next[row - row0]++, logit);
-          pr = exp(logit - res.lse[row]);  // E.6's p_t
-          for (int l = 0; l < r; ++l) mac(res.latent_out[row][size_t(l)], pr, ct[size_t(l)], tmp);
+          MpVec& pr = pb[row - row0];
+          pr.resize(size_t(nb));
+          for (int64_t t = t0; t < t0 + nb; ++t) {
+            Mp& out = pr[size_t(t - t0)];
+            if (!hook::visible(p, k, b, int(row) / c.heads, t)) {
+              out = 0;
+              continue;
+            }
+            ch.logits[row].get(next[row - row0]++, logit);
+            out = exp(logit - res.lse[row]);  // E.6's p_t
+          }
         }
+        add_mp_times_doubles(pb, nb, rows_c + t0 * r, r, r, sums);  // X.4, X.6: exact
       }
     }
+    for (size_t row = row0; row < row1; ++row)
+      for (int l = 0; l < r; ++l)
+        sums[(row - row0) * size_t(r) + size_t(l)].round(
+            res.latent_out[row][size_t(l)].backend().data());
   };
   const size_t m = std::max<size_t>(1, std::min<size_t>(size_t(std::max(threads, 1)), rows));
   std::vector<std::function<void()>> tasks;

@@ -65,11 +65,6 @@ void to_parts(const Mp& x, double* out, int parts) {
   if (!mpfr_zero_p(rest.backend().data())) throw std::logic_error("to_parts: remainder left");
 }
 
-void add_expansion(Mp& x, std::span<const double> terms) {
-  for (double t : terms)
-    if (t != 0) add_d(x.backend().data(), t);
-}
-
 void split_double(const Mp& x, double& hi, double& lo) {
   hi = x.convert_to<double>();
   if (!std::isfinite(hi)) {

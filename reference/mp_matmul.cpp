@@ -2,24 +2,18 @@
 
 #include <climits>
 
+#include "reference/exact_sum.hpp"
+
 namespace qkmla::ref {
 
-namespace {
-// Sum over parts of the expansions C[i*parts + p, j].
-Mp gather(const ExactProduct& C, int64_t i, int64_t j, int parts) {
-  Mp acc = 0;
-  for (int p = 0; p < parts; ++p) add_expansion(acc, C.entry(i * parts + p, j));
-  return acc;
-}
-}  // namespace
-
-std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D,
-                                    int64_t ld, int64_t cols, const WholeB* whole) {
-  const int parts = parts_for(PrecisionScope::current_bits());
+void add_mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D, int64_t ld,
+                          int64_t cols, std::vector<ExactSum>& sums, const WholeB* whole) {
+  const int bits = PrecisionScope::current_bits(), parts = parts_for(bits);
+  const long low = bits - 390;  // the smallest exponent of an entry split into parts
   const int64_t rows = int64_t(x.size());
   // Each row is scaled by a power of two (exact) so that its largest entry is near 1; entries
-  // below 2^-300 of that go through plain multiprecision products instead, so that no part
-  // leaves exact_matmul's range.
+  // below 2^(bits - 390) of that are multiplied into the sums directly instead: a part of an entry
+  // below 2^E is at least 2^(E - bits), so no part leaves exact_matmul's range [2^-400, 2^400].
   std::vector<long> shift(static_cast<size_t>(rows), 0);
   std::vector<double> X(static_cast<size_t>(rows * parts * n), 0.0);  // [rows*parts, n]
   std::vector<std::pair<int64_t, int64_t>> small;                     // (row, l)
@@ -37,7 +31,7 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
       mpfr_mul_2si(scaled.backend().data(), xi[size_t(l)].backend().data(), -emax,
                    MPFR_RNDN);  // exact
       if (mpfr_zero_p(scaled.backend().data())) continue;
-      if (mpfr_get_exp(scaled.backend().data()) < -300) {
+      if (mpfr_get_exp(scaled.backend().data()) < low) {
         small.emplace_back(i, l);
         continue;
       }
@@ -46,20 +40,26 @@ std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, cons
     }
   }
   const ExactProduct C = exact_matmul(X.data(), n, rows * parts, n, D, ld, cols, whole);
-  std::vector<MpVec> y(static_cast<size_t>(rows), MpVec(static_cast<size_t>(cols)));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      Mp& out = y[size_t(i)][size_t(j)];
-      out = gather(C, i, j, parts);
-      mpfr_mul_2si(out.backend().data(), out.backend().data(), shift[size_t(i)], MPFR_RNDN);
+      ExactSum& acc = sums[size_t(i * cols + j)];
+      for (int p = 0; p < parts; ++p)
+        for (double t : C.entry(i * parts + p, j)) acc.add(t, shift[size_t(i)]);
     }
-  Mp prod;
   for (const auto& [i, l] : small)
-    for (int64_t j = 0; j < cols; ++j) {
-      mul_d(prod.backend().data(), x[size_t(i)][size_t(l)].backend().data(), D[l * ld + j]);
-      mpfr_add(y[size_t(i)][size_t(j)].backend().data(), y[size_t(i)][size_t(j)].backend().data(),
-               prod.backend().data(), MPFR_RNDN);
-    }
+    for (int64_t j = 0; j < cols; ++j)
+      sums[size_t(i * cols + j)].add_product(x[size_t(i)][size_t(l)].backend().data(),
+                                             D[l * ld + j]);
+}
+
+std::vector<MpVec> mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D,
+                                    int64_t ld, int64_t cols, const WholeB* whole) {
+  std::vector<ExactSum> sums(x.size() * size_t(cols));
+  add_mp_times_doubles(x, n, D, ld, cols, sums, whole);
+  std::vector<MpVec> y(x.size(), MpVec(static_cast<size_t>(cols)));
+  for (size_t i = 0; i < x.size(); ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      sums[i * size_t(cols) + size_t(j)].round(y[i][size_t(j)].backend().data());
   return y;
 }
 

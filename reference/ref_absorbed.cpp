@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 
+#include "reference/exact_sum.hpp"
 #include "reference/latent_core.hpp"
 #include "reference/reference.hpp"
 
@@ -62,13 +63,17 @@ Mp absorbed_query(const Ctx& x, int b, int i, int h, MpVec& q_latent, MpVec& rop
   }
   const int col0 = hook::group_of(x.p, c, h) * c.d_c;
   q_latent.assign(size_t(c.latent_rank), Mp(0));
-  Mp tmp, wkj;
-  for (int l = 0; l < c.latent_rank; ++l)
+  Mp wkj;
+  ExactSum acc;  // A.1's sums over j, exact (X.6), rounded once
+  for (int l = 0; l < c.latent_rank; ++l) {
+    acc.clear();
     for (int j = 0; j < c.d_c; ++j) {
       wkj = wk[int64_t(l) * wk.shape[1] + col0 + j];
       if (merged) wkj *= Mp((*gq)[j]) * (*gk)[j];  // the merged weight, rounded to P once
-      mac(q_latent[size_t(l)], w[size_t(j)], wkj, tmp);
+      acc.add_product(w[size_t(j)].backend().data(), wkj.backend().data());
     }
+    acc.round(q_latent[size_t(l)].backend().data());
+  }
   if (none) {
     if (pos >= 0) rotate(rope, x.k, pos);
   } else if (!unified) {
@@ -98,16 +103,19 @@ Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) 
   const Tensor& kv = k.latent();
   const int r = k.cfg.latent_rank;
   const MpVec ct = to_mp(kv.ptr({b, t, 0}), r);
-  Mp acc = 0, mlm, row, tmp;
+  Mp mlm, row, out;
+  ExactSum acc, row_sum;  // the sums exact (X.6), each rounded once
   for (int l = 0; l < r; ++l) {
-    row = 0;
+    row_sum.clear();
     for (int n = 0; n < r; ++n) {
       set_expansion(mlm, M.entry(l, n));
-      mac(row, mlm, ct[size_t(n)], tmp);
+      row_sum.add_product(mlm.backend().data(), ct[size_t(n)].backend().data());
     }
-    mac(acc, ct[size_t(l)], row, tmp);
+    row_sum.round(row.backend().data());
+    acc.add_product(ct[size_t(l)].backend().data(), row.backend().data());
   }
-  return acc;
+  acc.round(out.backend().data());
+  return out;
 }
 
 // A.3 (U.1): the cached rope part of token t and its alpha_k per group. `key` [d_c]: scratch for
@@ -206,18 +214,19 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
     };
     const MpLatentResult res =  // A.4-A.5
         mp_latent_attend(k, b, q, cache, p, deep_capture() ? 1 : threads);
-    Mp tmp, w;
+    Mp w;
+    ExactSum acc;
     for (size_t row = 0; row < q.q_latent.size(); ++row) {
       const int64_t base = int64_t(b * c.s_q * c.heads) + int64_t(row);
       const int col0 = hook::group_of(p, c, int(row) % c.heads) * c.d_v;
       store(o, "lse", base, hook::lse_out(p, res.lse[row], ln2));
       for (int j = 0; j < c.d_v; ++j) {  // A.6: out = latent_out . WV_g
-        Mp acc = 0;
-        for (int l = 0; l < r; ++l) {
-          w = wv[int64_t(l) * wv.shape[1] + col0 + j];
-          mac(acc, res.latent_out[row][size_t(l)], w, tmp);
-        }
-        store(o, "out", base * c.d_v + j, acc);
+        acc.clear();                     // exact (X.6), rounded once
+        for (int l = 0; l < r; ++l)
+          acc.add_product(res.latent_out[row][size_t(l)].backend().data(),
+                          wv[int64_t(l) * wv.shape[1] + col0 + j]);
+        acc.round(w.backend().data());
+        store(o, "out", base * c.d_v + j, w);
       }
       for (int l = 0; l < r; ++l)
         store(o, "latent_out", base * r + l, res.latent_out[row][size_t(l)]);

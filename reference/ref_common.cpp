@@ -4,19 +4,28 @@
 #include <limits>
 
 #include "core/rope.hpp"
+#include "reference/exact_sum.hpp"
 
 namespace qkmla::ref {
 
 MpVec to_mp(const double* p, int n) { return MpVec(p, p + n); }
 
-Mp sum_squares(const MpVec& z, int from, int n) {
-  if (n < 0) n = int(z.size()) - from;
-  Mp acc = 0, tmp;
-  for (int j = from; j < from + n; ++j) {  // squares: mpfr_sqr, cheaper than a general product
-    mpfr_sqr(tmp.backend().data(), z[size_t(j)].backend().data(), MPFR_RNDN);
-    mpfr_add(acc.backend().data(), acc.backend().data(), tmp.backend().data(), MPFR_RNDN);
-  }
+namespace {
+ExactSum& scratch_sum() {  // one per thread, cleared by each user
+  thread_local ExactSum acc;
+  acc.clear();
   return acc;
+}
+}  // namespace
+
+Mp sum_squares(const MpVec& z, int from, int n) {  // exact, rounded once (X.6)
+  if (n < 0) n = int(z.size()) - from;
+  ExactSum& acc = scratch_sum();
+  for (int j = from; j < from + n; ++j)
+    acc.add_product(z[size_t(j)].backend().data(), z[size_t(j)].backend().data());
+  Mp out;
+  acc.round(out.backend().data());
+  return out;
 }
 
 Mp inv_rms(const Mp& sum_sq, int n, const Mp& eps) { return 1 / sqrt(sum_sq / n + eps); }
@@ -41,10 +50,13 @@ void rotate(MpVec& z, const Case& k, int64_t p) {
   rope_rotate(z.data(), k.cfg.d_r, k.cfg.rope_style, k.get("rope_cos"), k.get("rope_sin"), p);
 }
 
-Mp dot(const MpVec& a, const MpVec& b) {
-  Mp acc = 0, tmp;
-  for (size_t j = 0; j < a.size(); ++j) mac(acc, a[j], b[j], tmp);
-  return acc;
+Mp dot(const MpVec& a, const MpVec& b) {  // exact, rounded once (X.6)
+  ExactSum& acc = scratch_sum();
+  for (size_t j = 0; j < a.size(); ++j)
+    acc.add_product(a[j].backend().data(), b[j].backend().data());
+  Mp out;
+  acc.round(out.backend().data());
+  return out;
 }
 
 namespace {
@@ -59,12 +71,16 @@ Mp lse_of(size_t n, const At& at) {
     at(i, l);
     m = std::max(m, l);
   }
-  Mp sum = 0;
+  ExactSum sum;  // each exp rounded to P, their sum exact (X.6)
+  Mp e;
   for (size_t i = 0; i < n; ++i) {
     at(i, l);
-    sum += exp(l - m);
+    e = exp(l - m);
+    sum.add(e.backend().data());
   }
-  return m + log(sum);
+  Mp s;
+  sum.round(s.backend().data());
+  return m + log(s);
 }
 
 }  // namespace

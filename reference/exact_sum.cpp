@@ -1,0 +1,184 @@
+#include "reference/exact_sum.hpp"
+
+#include <gmp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace qkmla::ref {
+
+namespace {
+
+constexpr int64_t kDigitBits = 32;
+constexpr int64_t kLimbBits = 64;
+// A window beyond this many digits (2^24 bits) means terms ~5 million binades apart: refused
+// rather than grown without bound.
+constexpr int64_t kMaxDigits = int64_t(1) << 19;
+
+int64_t limbs_of(mpfr_srcptr x) { return (mpfr_get_prec(x) + kLimbBits - 1) / kLimbBits; }
+
+const mp_limb_t* significand(mpfr_srcptr x) {
+  return static_cast<const mp_limb_t*>(mpfr_custom_get_significand(x));
+}
+
+// Exponent of the significand's lowest limb bit: x = (integer limbs) * 2^low_exponent(x).
+int64_t low_exponent(mpfr_srcptr x) { return int64_t(mpfr_get_exp(x)) - kLimbBits * limbs_of(x); }
+
+// Per-thread scratch: a product's limbs.
+thread_local std::vector<mp_limb_t> tl_product;
+
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// All digits but the top one into [0, 2^32), the carries moved up; the top digit keeps the sign.
+void carry(std::vector<int64_t>& d) {
+  for (size_t i = 0; i + 1 < d.size(); ++i) {
+    const int64_t c = d[i] >> kDigitBits;  // arithmetic shift: floor division
+    d[i] -= c * (int64_t(1) << kDigitBits);
+    d[i + 1] += c;
+  }
+}
+
+}  // namespace
+
+void ExactSum::clear() {
+  digits_.clear();
+  adds_ = 0;
+  special_ = 0;
+}
+
+void ExactSum::reserve_digits(int64_t lo, int64_t hi) {
+  if (digits_.empty()) {
+    base_ = lo - 4;
+    digits_.assign(size_t(hi - lo + 8), 0);
+    return;
+  }
+  const int64_t top = base_ + int64_t(digits_.size());
+  if (std::max(top, hi) - std::min(base_, lo) > kMaxDigits)
+    throw std::domain_error("exact sum: terms span more than 2^24 bits");
+  if (lo < base_) {
+    const int64_t grow = base_ - lo + 8;
+    digits_.insert(digits_.begin(), size_t(grow), 0);
+    base_ -= grow;
+  }
+  if (hi > top) digits_.resize(digits_.size() + size_t(hi - top + 8), 0);
+}
+
+void ExactSum::normalize() {
+  digits_.push_back(0);  // room for the carries, so the top digit stays small
+  carry(digits_);
+  adds_ = 0;
+}
+
+namespace {
+// d[2i .. 2i+2] += the digits of limbs[i] * 2^s (s < 32: three digits per limb, the third below
+// 2^32), subtracted when Neg.
+template <bool Neg>
+void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
+  constexpr uint64_t kLow = (uint64_t(1) << kDigitBits) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const unsigned __int128 v = static_cast<unsigned __int128>(limbs[i]) << s;
+    const auto lo = int64_t(uint64_t(v) & kLow), mid = int64_t(uint64_t(v) >> 32);
+    const auto hi = int64_t(uint64_t(v >> 64));
+    d[2 * i] += Neg ? -lo : lo;
+    d[2 * i + 1] += Neg ? -mid : mid;
+    d[2 * i + 2] += Neg ? -hi : hi;
+  }
+}
+}  // namespace
+
+void ExactSum::add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg) {
+  const int64_t q = floor_div(e, kDigitBits), s = e - q * kDigitBits;  // e = 32 q + s, 0 <= s < 32
+  if (digits_.empty() || q < base_ || q + 2 * n + 1 > base_ + int64_t(digits_.size()))
+    reserve_digits(q, q + 2 * n + 1);
+  int64_t* d = digits_.data() + (q - base_);
+  if (neg)
+    add_shifted<true>(d, limbs, n, unsigned(s));
+  else
+    add_shifted<false>(d, limbs, n, unsigned(s));
+  if (++adds_ >= (int64_t(1) << 29)) normalize();  // |digit| < 2^29 * 2^33 = 2^62
+}
+
+void ExactSum::add(double x) { add(x, 0); }
+
+void ExactSum::add(double x, int64_t scale2) {
+  if (x == 0) return;
+  if (!std::isfinite(x)) {
+    special_ += x;
+    return;
+  }
+  int e = 0;
+  const double m = std::frexp(std::fabs(x), &e);   // |x| = m 2^e, m in [0.5, 1)
+  const auto limb = mp_limb_t(std::ldexp(m, 53));  // exact: 53 significant bits
+  add_limbs(&limb, 1, int64_t(e) - 53 + scale2, x < 0);
+}
+
+void ExactSum::add(mpfr_srcptr x) {
+  if (mpfr_zero_p(x)) return;
+  if (!mpfr_regular_p(x)) {
+    special_ += mpfr_get_d(x, MPFR_RNDN);
+    return;
+  }
+  add_limbs(significand(x), limbs_of(x), low_exponent(x), mpfr_signbit(x) != 0);
+}
+
+void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) {
+  if (!mpfr_number_p(a) || !mpfr_number_p(b)) {
+    special_ += mpfr_get_d(a, MPFR_RNDN) * mpfr_get_d(b, MPFR_RNDN);
+    return;
+  }
+  if (mpfr_zero_p(a) || mpfr_zero_p(b)) return;
+  if (limbs_of(a) < limbs_of(b)) std::swap(a, b);  // mpn_mul wants the longer operand first
+  const int64_t na = limbs_of(a), nb = limbs_of(b);
+  std::vector<mp_limb_t>& p = tl_product;
+  p.resize(size_t(na + nb));
+  mpn_mul(p.data(), significand(a), na, significand(b), nb);
+  add_limbs(p.data(), na + nb, low_exponent(a) + low_exponent(b),
+            (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
+}
+
+void ExactSum::add_product(mpfr_srcptr a, double x) {
+  if (!mpfr_number_p(a) || !std::isfinite(x)) {
+    special_ += mpfr_get_d(a, MPFR_RNDN) * x;
+    return;
+  }
+  if (mpfr_zero_p(a) || x == 0) return;
+  int e = 0;
+  const double m = std::frexp(std::fabs(x), &e);
+  const auto limb = mp_limb_t(std::ldexp(m, 53));
+  const int64_t na = limbs_of(a);
+  std::vector<mp_limb_t>& p = tl_product;
+  p.resize(size_t(na + 1));
+  p[size_t(na)] = mpn_mul_1(p.data(), significand(a), na, limb);
+  add_limbs(p.data(), na + 1, low_exponent(a) + int64_t(e) - 53, (mpfr_signbit(a) != 0) != (x < 0));
+}
+
+void ExactSum::round(mpfr_ptr out) const {
+  if (special_ != 0) {
+    mpfr_set_d(out, special_, MPFR_RNDN);
+    return;
+  }
+  thread_local std::vector<int64_t> d;  // scratch: no allocation per rounding once warm
+  thread_local std::vector<mp_limb_t> limbs;
+  d.assign(digits_.begin(), digits_.end());
+  d.push_back(0);
+  d.push_back(0);
+  carry(d);
+  const bool neg = d.back() < 0;
+  if (neg) {  // the magnitude: negate every digit and carry again
+    for (int64_t& x : d) x = -x;
+    carry(d);
+  }
+  if (d.size() % 2) d.push_back(0);
+  limbs.resize(d.size() / 2);
+  for (size_t i = 0; i < limbs.size(); ++i)
+    limbs[i] = mp_limb_t(d[2 * i]) | (mp_limb_t(d[2 * i + 1]) << 32);
+  auto n = mp_size_t(limbs.size());
+  while (n > 0 && limbs[size_t(n - 1)] == 0) --n;
+  mpz_t z;
+  mpz_roinit_n(z, limbs.data(), neg ? -n : n);
+  mpfr_set_z_2exp(out, z, mpfr_exp_t(kDigitBits * base_), MPFR_RNDN);
+}
+
+}  // namespace qkmla::ref

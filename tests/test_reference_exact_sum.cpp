@@ -1,0 +1,178 @@
+// reference.exact_sum.*: the X.6 accumulator against MPFR at 6000 bits, where every sum of these
+// terms is exact, rounded once to the precision under test: the same bits, or the test fails.
+#include <doctest/doctest.h>
+#include <mpfr.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "helpers.hpp"
+#include "reference/exact_sum.hpp"
+
+using namespace qkmla;
+
+namespace {
+
+struct Mpfr {  // an owned mpfr_t
+  mpfr_t v;
+  explicit Mpfr(mpfr_prec_t bits) { mpfr_init2(v, bits); }
+  ~Mpfr() { mpfr_clear(v); }
+  Mpfr(const Mpfr&) = delete;
+  Mpfr& operator=(const Mpfr&) = delete;
+};
+
+constexpr mpfr_prec_t kExactBits = 6000;  // terms within 2^+-1200 with <= 360-bit significands
+
+// A random P-bit value: a full significand, sign and binade within 2^+-spread.
+void draw(Rng& rng, mpfr_ptr x, int spread) {
+  mpfr_set_d(x, rng.normal(), MPFR_RNDN);
+  for (int i = 0; i < 4; ++i) {  // fill the significand beyond the first double
+    Mpfr t(mpfr_get_prec(x));
+    mpfr_set_d(t.v, rng.normal(), MPFR_RNDN);
+    mpfr_mul_2si(t.v, t.v, -53 * (i + 1), MPFR_RNDN);
+    mpfr_add(x, x, t.v, MPFR_RNDN);
+  }
+  mpfr_mul_2si(x, x, long(std::lround(spread * (2 * rng.uniform() - 1))), MPFR_RNDN);
+}
+
+// The accumulator's sum and the exact sum rounded at P agree bit for bit.
+void check_same(const ref::ExactSum& acc, mpfr_srcptr exact, mpfr_prec_t P) {
+  Mpfr got(P), want(P);
+  acc.round(got.v);
+  mpfr_set(want.v, exact, MPFR_RNDN);
+  const bool same = mpfr_equal_p(got.v, want.v) || (mpfr_nan_p(got.v) && mpfr_nan_p(want.v));
+  if (!same)
+    MESSAGE("got " << mpfr_get_d(got.v, MPFR_RNDN) << ", want " << mpfr_get_d(want.v, MPFR_RNDN));
+  CHECK(same);
+}
+
+void random_sums(mpfr_prec_t P, int spread, uint64_t seed) {
+  CAPTURE(seed);
+  CAPTURE(P);
+  Rng rng(seed);
+  for (int trial = 0; trial < 60; ++trial) {
+    CAPTURE(trial);
+    ref::ExactSum acc;
+    acc.clear();
+    Mpfr exact(kExactBits), prod(kExactBits), a(P), b(P);
+    mpfr_set_zero(exact.v, 1);
+    const int n = 1 + int(rng.uniform() * 300);
+    for (int i = 0; i < n; ++i) {
+      draw(rng, a.v, spread);
+      const double kind = rng.uniform();
+      if (kind < 0.4) {  // P-bit times P-bit
+        draw(rng, b.v, spread);
+        acc.add_product(a.v, b.v);
+        mpfr_mul(prod.v, a.v, b.v, MPFR_RNDN);
+      } else if (kind < 0.7) {  // P-bit times a double
+        const double d = std::ldexp(rng.normal(), int(spread * (2 * rng.uniform() - 1)));
+        acc.add_product(a.v, d);
+        mpfr_mul_d(prod.v, a.v, d, MPFR_RNDN);
+      } else if (kind < 0.85) {
+        acc.add(a.v);
+        mpfr_set(prod.v, a.v, MPFR_RNDN);
+      } else {
+        const double d = std::ldexp(rng.normal(), int(spread * (2 * rng.uniform() - 1)));
+        acc.add(d);
+        mpfr_set_d(prod.v, d, MPFR_RNDN);
+      }
+      mpfr_add(exact.v, exact.v, prod.v, MPFR_RNDN);  // exact at 6000 bits
+      if (i == n / 2 && kind < 0.4) {                 // cancel a product exactly
+        mpfr_neg(a.v, a.v, MPFR_RNDN);
+        acc.add_product(a.v, b.v);
+        mpfr_sub(exact.v, exact.v, prod.v, MPFR_RNDN);
+      }
+    }
+    check_same(acc, exact.v, P);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reference.exact_sum.random_sums_round_once") {
+  for (mpfr_prec_t P : {53, 114, 178, 300}) {
+    random_sums(P, 4, test::seed(61));
+    random_sums(P, 300, test::seed(62));
+  }
+}
+
+TEST_CASE("reference.exact_sum.cancellation_leaves_the_small_terms") {
+  for (mpfr_prec_t P : {114, 178}) {
+    Mpfr big(P), exact(kExactBits);
+    mpfr_set_d(big.v, 1.0, MPFR_RNDN);
+    mpfr_nextabove(big.v);  // 1 + 2^(1-P): its low bit matters
+    ref::ExactSum acc;
+    acc.add(big.v);
+    acc.add(std::ldexp(3.0, -900));
+    mpfr_neg(big.v, big.v, MPFR_RNDN);
+    acc.add(big.v);  // the large terms cancel: only 3 * 2^-900 is left
+    mpfr_set_d(exact.v, std::ldexp(3.0, -900), MPFR_RNDN);
+    check_same(acc, exact.v, P);
+    ref::ExactSum zero;  // an exact zero, and the empty sum
+    zero.add(1.5);
+    zero.add(-1.5);
+    Mpfr got(P);
+    zero.round(got.v);
+    CHECK(mpfr_zero_p(got.v));
+    ref::ExactSum empty;
+    empty.round(got.v);
+    CHECK(mpfr_zero_p(got.v));
+  }
+}
+
+TEST_CASE("reference.exact_sum.ties_round_to_even") {
+  const mpfr_prec_t P = 114;  // ulp(1) = 2^-113
+  Mpfr exact(kExactBits);
+  for (int odd : {1, 3, -1, -3}) {  // 1 + odd * 2^-114: halfway between two P-bit values
+    CAPTURE(odd);
+    ref::ExactSum acc;
+    acc.add(1.0);
+    acc.add(std::ldexp(double(odd), -114));
+    mpfr_set_d(exact.v, 1.0, MPFR_RNDN);
+    Mpfr t(kExactBits);
+    mpfr_set_d(t.v, std::ldexp(double(odd), -114), MPFR_RNDN);
+    mpfr_add(exact.v, exact.v, t.v, MPFR_RNDN);
+    check_same(acc, exact.v, P);
+  }
+}
+
+TEST_CASE("reference.exact_sum.non_finite_terms") {
+  const double inf = std::numeric_limits<double>::infinity();
+  Mpfr got(114);
+  ref::ExactSum a;
+  a.add(1.0);
+  a.add(inf);
+  a.round(got.v);
+  CHECK(mpfr_inf_p(got.v));
+  a.add(-inf);
+  a.round(got.v);
+  CHECK(mpfr_nan_p(got.v));
+  ref::ExactSum b;
+  Mpfr zero(114);
+  mpfr_set_zero(zero.v, 1);
+  b.add_product(zero.v, inf);  // 0 * inf
+  b.round(got.v);
+  CHECK(mpfr_nan_p(got.v));
+}
+
+TEST_CASE("reference.exact_sum.squares_of_one_operand") {
+  const uint64_t seed = test::seed(63);
+  CAPTURE(seed);
+  Rng rng(seed);
+  for (mpfr_prec_t P : {114, 178}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      ref::ExactSum acc;
+      Mpfr exact(kExactBits), sq(kExactBits), z(P);
+      mpfr_set_zero(exact.v, 1);
+      for (int j = 0; j < 128; ++j) {
+        draw(rng, z.v, 20);
+        acc.add_product(z.v, z.v);  // both operands one value: mpn_mul on aliased sources
+        mpfr_sqr(sq.v, z.v, MPFR_RNDN);
+        mpfr_add(exact.v, exact.v, sq.v, MPFR_RNDN);
+      }
+      check_same(acc, exact.v, P);
+    }
+  }
+}
