@@ -13,9 +13,9 @@ namespace {
 
 constexpr int64_t kDigitBits = 32;
 constexpr int64_t kLimbBits = 64;
-// A window beyond this many digits (2^24 bits) means terms ~5 million binades apart: refused
-// rather than grown without bound.
-constexpr int64_t kMaxDigits = int64_t(1) << 19;
+// The window's largest span: 1024 digits (32768 bits, 8 KB per accumulator). Terms further below
+// the largest one than that are dropped (see the header).
+constexpr int64_t kMaxDigits = 1024;
 
 int64_t limbs_of(mpfr_srcptr x) { return (mpfr_get_prec(x) + kLimbBits - 1) / kLimbBits; }
 
@@ -44,25 +44,37 @@ void carry(std::vector<int64_t>& d) {
 
 void ExactSum::clear() {
   digits_.clear();
+  dropped_ = false;
   adds_ = 0;
   special_ = 0;
 }
 
-void ExactSum::reserve_digits(int64_t lo, int64_t hi) {
+bool ExactSum::reserve_digits(int64_t lo, int64_t hi) {
   if (digits_.empty()) {
     base_ = lo - 4;
     digits_.assign(size_t(hi - lo + 8), 0);
-    return;
+    return true;
   }
-  const int64_t top = base_ + int64_t(digits_.size());
-  if (std::max(top, hi) - std::min(base_, lo) > kMaxDigits)
-    throw std::domain_error("exact sum: terms span more than 2^24 bits");
+  const int64_t top = std::max(base_ + int64_t(digits_.size()), hi);
+  const int64_t floor = top - kMaxDigits;  // the lowest digit the window may keep
+  if (lo < floor) {                        // the term lies (almost) wholly below it: dropped
+    dropped_ = true;
+    return false;
+  }
+  if (base_ < floor) {  // a large term raised the top: the digits below the floor go
+    const auto cut = std::min(size_t(floor - base_), digits_.size());  // all, if all lie below
+    digits_.erase(digits_.begin(), digits_.begin() + std::ptrdiff_t(cut));
+    base_ = floor;
+    dropped_ = true;
+  }
   if (lo < base_) {
-    const int64_t grow = base_ - lo + 8;
+    const int64_t grow = std::min(base_ - lo + 8, base_ - floor);
     digits_.insert(digits_.begin(), size_t(grow), 0);
     base_ -= grow;
   }
-  if (hi > top) digits_.resize(digits_.size() + size_t(hi - top + 8), 0);
+  const int64_t end = base_ + int64_t(digits_.size());
+  if (hi > end) digits_.resize(digits_.size() + size_t(hi - end + 8), 0);
+  return true;
 }
 
 void ExactSum::normalize() {
@@ -91,7 +103,7 @@ void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
 void ExactSum::add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg) {
   const int64_t q = floor_div(e, kDigitBits), s = e - q * kDigitBits;  // e = 32 q + s, 0 <= s < 32
   if (digits_.empty() || q < base_ || q + 2 * n + 1 > base_ + int64_t(digits_.size()))
-    reserve_digits(q, q + 2 * n + 1);
+    if (!reserve_digits(q, q + 2 * n + 1)) return;
   int64_t* d = digits_.data() + (q - base_);
   if (neg)
     add_shifted<true>(d, limbs, n, unsigned(s));

@@ -3,10 +3,10 @@
 // A fixed-point accumulator over 32-bit digits kept in int64 slots: a term's integer significand
 // (MPFR limbs, a double's 53 bits, or their product by mpn_mul) is shifted onto the digit grid and
 // added digit by digit, so every addition is exact and carries are deferred (each slot takes 2^29
-// additions of less than 2^33 before it is normalized). The window of digits grows to whatever span
-// the terms have. round() is the one rounding: the exact value, carried out, into MPFR by
-// mpfr_set_z_2exp (correctly rounded, to nearest). Non-finite terms make the sum non-finite as
-// double arithmetic would (inf + -inf = NaN).
+// additions of less than 2^33 before it is normalized). The window of digits grows to the terms'
+// span, up to 2^15 bits (8 KB): see dropped(). round() is the one rounding: the exact value,
+// carried out, into MPFR by mpfr_set_z_2exp (correctly rounded, to nearest). Non-finite terms make
+// the sum non-finite as double arithmetic would (inf + -inf = NaN).
 #pragma once
 #include <mpfr.h>
 
@@ -25,17 +25,24 @@ class ExactSum {
   void add_product(mpfr_srcptr a, double d);       // += a * d, exactly
   // out = the exact sum rounded once to nearest (even) at out's precision; 0 when empty.
   void round(mpfr_ptr out) const;
+  // Whether anything was dropped: the window keeps 2^15 bits below the largest term's top digit,
+  // and terms (or digits) further down are dropped, an absolute error below n * 2^-32000 times the
+  // largest term (n terms). It matters only where the terms cancel to within that: the rounded
+  // result is exact whenever nothing was dropped.
+  bool dropped() const { return dropped_; }
 
  private:
   // += (integer in n little-endian limbs) * 2^e, negated when `neg`.
   void add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg);
-  void reserve_digits(int64_t lo, int64_t hi);  // digit indices [lo, hi) exist
+  // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
+  bool reserve_digits(int64_t lo, int64_t hi);
   void normalize();
 
   std::vector<int64_t> digits_;  // digits_[i]: a signed multiple of 2^(32 (base_ + i))
   int64_t base_ = 0;
-  int64_t adds_ = 0;    // additions since the last normalize()
-  double special_ = 0;  // the sum of the non-finite terms (0: none)
+  int64_t adds_ = 0;      // additions since the last normalize()
+  double special_ = 0;    // the sum of the non-finite terms (0: none)
+  bool dropped_ = false;  // a term or digits fell below the window
 };
 
 }  // namespace qkmla::ref

@@ -176,3 +176,47 @@ TEST_CASE("reference.exact_sum.squares_of_one_operand") {
     }
   }
 }
+
+TEST_CASE("reference.exact_sum.window_drops_terms_32000_bits_down") {
+  // Plain MLA with outliers gives p_t near exp(-1e8): the window keeps 2^15 bits below the
+  // largest term and drops what lies further down (8 KB per accumulator, not megabytes).
+  const mpfr_prec_t P = 114;
+  Mpfr one(P), tiny(P), got(P);
+  mpfr_set_ui(one.v, 1, MPFR_RNDN);
+  mpfr_set_ui_2exp(tiny.v, 3, -100000, MPFR_RNDN);
+  ref::ExactSum near;  // 2^-30000 is kept: the sum is exact
+  near.add(one.v);
+  mpfr_set_ui_2exp(got.v, 3, -30000, MPFR_RNDN);
+  near.add(got.v);
+  mpfr_neg(one.v, one.v, MPFR_RNDN);
+  near.add(one.v);
+  near.round(got.v);
+  CHECK_FALSE(near.dropped());
+  CHECK(mpfr_cmp_ui_2exp(got.v, 3, -30000) == 0);
+  ref::ExactSum far;  // a tiny term first, then a large one: the tiny one's digits go
+  far.add(tiny.v);
+  CHECK_FALSE(far.dropped());
+  far.add(one.v);
+  CHECK(far.dropped());
+  far.round(got.v);
+  CHECK(mpfr_cmp_si(got.v, -1) == 0);
+  ref::ExactSum after;  // a large term first: the tiny one is dropped on arrival
+  after.add(one.v);
+  after.add(tiny.v);
+  CHECK(after.dropped());
+  after.clear();
+  CHECK_FALSE(after.dropped());
+}
+
+TEST_CASE("reference.exact_sum.window_moves_wholly_above_the_old_one") {
+  Mpfr small(114), big(114), got(114);
+  mpfr_set_ui_2exp(small.v, 5, -50000, MPFR_RNDN);
+  mpfr_set_ui_2exp(big.v, 7, 50000, MPFR_RNDN);
+  ref::ExactSum acc;
+  acc.add(small.v);
+  acc.add(small.v);
+  acc.add(big.v);  // every earlier digit lies below the new floor
+  acc.round(got.v);
+  CHECK(acc.dropped());
+  CHECK(mpfr_cmp_ui_2exp(got.v, 7, 50000) == 0);
+}
