@@ -455,6 +455,12 @@ TEST_CASE("cli.bench.table_renders_every_column_without_a_device") {
   CHECK(text.find("     3     22       5.79") != std::string::npos);
   o.pages_per_split = 0;
   CHECK(qkmla::render_bench({a}, "how", "dev", o, false).find("the plan's") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(qkmla::bench_json({a, a}, "how", "dev"));
+  CHECK(j["device"] == "dev");
+  REQUIRE(j["rows"].size() == 2);
+  CHECK(j["rows"][1]["ms_qknorm"] == 0.125);
+  CHECK(j["rows"][0]["splits"] == 22);
+  CHECK(j["rows"][0]["cache_bytes_with_alpha_k"] == 20.9e6);
 }
 
 TEST_CASE("cli.report_fp8_and_gpu_rows") {

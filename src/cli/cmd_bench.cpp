@@ -7,7 +7,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "cli/commands.hpp"
@@ -26,6 +25,26 @@ struct BenchFlags {
   std::string format = "table", output;
   bool sweep = false;
 };
+
+// --sweep and jsonl: each row is written as it finishes.
+int run_streamed(const BenchFlags& f) {
+  std::vector<gpu::SweepPoint> points = gpu::default_sweep();
+  if (!f.sweep) {
+    points.clear();
+    for (int c : f.o.contexts) points.push_back({f.o.batch, c, f.o.heads, f.o.groups});
+  }
+  std::ofstream file;
+  if (!f.output.empty()) file.open(f.output);
+  if (!f.output.empty() && !file) {
+    std::cerr << "qkmla bench: cannot write " << f.output << "\n";
+    return 2;
+  }
+  std::ostream& out = f.output.empty() ? std::cout : file;
+  return gpu::run_sweep(points, f.o, gpu::device_bench_backend(), out,
+                        f.output.empty() ? nullptr : &std::cerr)
+             ? 1
+             : 0;
+}
 
 }  // namespace
 
@@ -73,50 +92,14 @@ Runner add_bench(CLI::App& app, const std::string& command_line) {
       std::cerr << "qkmla bench: --heads must be a multiple of --groups\n";
       return 2;
     }
-    if (f->sweep || f->format == "jsonl") {  // streamed: each row is written as it finishes
-      std::vector<gpu::SweepPoint> points = gpu::default_sweep();
-      if (!f->sweep) {
-        points.clear();
-        for (int c : f->o.contexts) points.push_back({f->o.batch, c, f->o.heads, f->o.groups});
-      }
-      std::ofstream file;
-      if (!f->output.empty()) file.open(f->output);
-      if (!f->output.empty() && !file) {
-        std::cerr << "qkmla bench: cannot write " << f->output << "\n";
-        return 2;
-      }
-      std::ostream& out = f->output.empty() ? std::cout : file;
-      return gpu::run_sweep(points, f->o, gpu::device_bench_backend(), out,
-                            f->output.empty() ? nullptr : &std::cerr)
-                 ? 1
-                 : 0;
-    }
+    if (f->sweep || f->format == "jsonl") return run_streamed(*f);
     std::string device;
     const std::vector<gpu::BenchRow> rows = gpu::run_bench(f->o, &device);
     const std::string how = provenance(command_line, 1);
-    std::string text;
-    if (f->format == "json") {
-      nlohmann::ordered_json j;
-      j["how"] = how;
-      j["device"] = gpu::device_description();
-      for (const gpu::BenchRow& r : rows)
-        j["rows"].push_back({{"context", r.context},
-                             {"ms_qknorm", r.ms_norm},
-                             {"spread_qknorm", r.spread_norm},
-                             {"ms_plain", r.ms_plain},
-                             {"spread_plain", r.spread_plain},
-                             {"overhead_pct", r.overhead_pct},
-                             {"gbs", r.gbs_norm},
-                             {"hbm_fraction", r.hbm_fraction},
-                             {"cache_bytes", r.cache_bytes},
-                             {"cache_bytes_with_alpha_k", r.cache_bytes_alpha},
-                             {"pages_per_split", r.pages_per_split},
-                             {"splits", r.splits},
-                             {"partial_bytes", r.partial_bytes}});
-      text = j.dump(2) + "\n";
-    } else {
-      text = render_bench(rows, how, gpu::device_description(), f->o, f->format == "md");
-    }
+    const std::string text =
+        f->format == "json"
+            ? bench_json(rows, how, gpu::device_description())
+            : render_bench(rows, how, gpu::device_description(), f->o, f->format == "md");
     return write_output(text, f->output);
   };
 }

@@ -3,7 +3,31 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <nlohmann/json.hpp>
+
 namespace qkmla {
+
+std::string bench_json(const std::vector<gpu::BenchRow>& rows, const std::string& how,
+                       const std::string& device) {
+  nlohmann::ordered_json j;
+  j["how"] = how;
+  j["device"] = device;
+  for (const gpu::BenchRow& r : rows)
+    j["rows"].push_back({{"context", r.context},
+                         {"ms_qknorm", r.ms_norm},
+                         {"spread_qknorm", r.spread_norm},
+                         {"ms_plain", r.ms_plain},
+                         {"spread_plain", r.spread_plain},
+                         {"overhead_pct", r.overhead_pct},
+                         {"gbs", r.gbs_norm},
+                         {"hbm_fraction", r.hbm_fraction},
+                         {"cache_bytes", r.cache_bytes},
+                         {"cache_bytes_with_alpha_k", r.cache_bytes_alpha},
+                         {"pages_per_split", r.pages_per_split},
+                         {"splits", r.splits},
+                         {"partial_bytes", r.partial_bytes}});
+  return j.dump(2) + "\n";
+}
 
 std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::string& how,
                          const std::string& device, const gpu::BenchOptions& o, bool md) {

@@ -10,5 +10,8 @@ namespace qkmla {
 
 std::string render_bench(const std::vector<gpu::BenchRow>& rows, const std::string& how,
                          const std::string& device, const gpu::BenchOptions& o, bool md);
+// The same rows as JSON: how, device, one object per row.
+std::string bench_json(const std::vector<gpu::BenchRow>& rows, const std::string& how,
+                       const std::string& device);
 
 }  // namespace qkmla
