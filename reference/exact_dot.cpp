@@ -158,20 +158,21 @@ std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   const int64_t flat = i * cols + j;
   if (!long_terms_.empty())
     if (auto it = long_terms_.find(flat); it != long_terms_.end()) return it->second;
-  return {&terms_[size_t(flat * kLevels)], size_t(kLevels)};
+  return {&terms_[size_t(flat * levels_)], size_t(levels_)};
 }
 
-ExactProduct ExactProduct::of(int64_t rows, int64_t cols, std::vector<double> terms,
+ExactProduct ExactProduct::of(int64_t rows, int64_t cols, int levels, std::vector<double> terms,
                               std::unordered_map<int64_t, std::vector<double>> long_terms) {
-  if (int64_t(terms.size()) != rows * cols * kLevels)
-    throw std::logic_error("ExactProduct::of: terms do not match [rows, cols, kLevels]");
+  if (levels < 1 || levels > kLevels || int64_t(terms.size()) != rows * cols * levels)
+    throw std::logic_error("ExactProduct::of: terms do not match [rows, cols, levels]");
   ExactProduct p;
-  p.rows = rows, p.cols = cols, p.terms_ = std::move(terms), p.long_terms_ = std::move(long_terms);
+  p.rows = rows, p.cols = cols, p.levels_ = levels, p.terms_ = std::move(terms);
+  p.long_terms_ = std::move(long_terms);
   return p;
 }
 
 int ExactProduct::max_terms() const {
-  size_t n = kLevels;
+  size_t n = size_t(levels_);
   for (const auto& [flat, terms] : long_terms_) n = std::max(n, terms.size());
   return int(n);
 }

@@ -27,21 +27,22 @@ struct WholeB {
 
 class ExactProduct {
  public:
-  static constexpr int kLevels = 4;  // extraction levels kept inline; rarer entries go long
+  static constexpr int kLevels = 4;  // at most this many terms kept inline; rarer entries go long
   int64_t rows = 0, cols = 0;
   std::span<const double> entry(int64_t i, int64_t j) const;
   int64_t long_entries() const { return int64_t(long_terms_.size()); }
   // Most terms any entry has (the zero-padded width of a dense copy of the expansions).
   int max_terms() const;
-  // A product from its inline terms [rows, cols, kLevels] and the entries with more terms (keyed
-  // by row * cols + col).
-  static ExactProduct of(int64_t rows, int64_t cols, std::vector<double> terms,
+  // A product from its inline terms [rows, cols, levels] (levels <= kLevels) and the entries with
+  // more terms (keyed by row * cols + col).
+  static ExactProduct of(int64_t rows, int64_t cols, int levels, std::vector<double> terms,
                          std::unordered_map<int64_t, std::vector<double>> long_terms);
 
  private:
   friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*, int64_t,
                                    int64_t, const WholeB*);
-  std::vector<double> terms_;  // [rows, cols, kLevels]
+  int levels_ = kLevels;       // inline terms per entry
+  std::vector<double> terms_;  // [rows, cols, levels_]
   std::unordered_map<int64_t, std::vector<double>> long_terms_;
 };
 

@@ -42,6 +42,7 @@ class SlicedWeights {
   int64_t n = 0, k = 0;
   Slicing plan;
   std::vector<std::vector<double>> slices;  // [slices_b][n, k]
+  bool narrow = true;                       // every entry of B has at most 24 significant bits
 };
 
 // A [m, n] times the sliced weights. The plan.width() GEMM terms of each entry (slice s of A's row
@@ -72,7 +73,8 @@ class SlicedProduct {
   const SlicedWeights& W_;
   std::vector<double> a_;      // per chunk of rows: [slices, chunk rows, n]
   std::vector<Chunk> chunks_;  // [chunks]
-  std::vector<double> terms_;  // [m, k, kLevels]
+  int levels_;                 // inline terms per entry: 2 for narrow operands, else kLevels
+  std::vector<double> terms_;  // [m, k, levels_]
   std::vector<std::unordered_map<int64_t, std::vector<double>>> long_terms_;  // [tiles]
 };
 
