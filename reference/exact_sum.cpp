@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <stdexcept>
 
 namespace qkmla::ref {
 
