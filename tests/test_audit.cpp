@@ -175,6 +175,34 @@ TEST_CASE("audit.structure.catches_what_rel_l2_averages_away") {
   CHECK_FALSE(audit(f32, o).pass());
 }
 
+// A row that sees one token has lse = that token's logit, which every correct implementation
+// computes to a relative accuracy (log 1 = 0 exactly). Measured against max(|lse|, 1), relative
+// errors at logits near 0.01 (zoo seed 69528: alpha_k taken from the latent, 5e-6; a split
+// combine without the max, 2.4e-5) were ~1e-7 absolute and passed; measured relatively they fail.
+TEST_CASE("audit.structure.single_token_lse_is_relative") {
+  const uint64_t seed = test::seed(70021);
+  CAPTURE(seed);
+  MlaConfig c = test::tiny_config(Profile::FP32, {2, 0, 40}, 2, NormMode::Blockwise, seed);
+  c.scenario = "tiny_keys";  // logits near 0: lse of a one-token row is far below 1
+  const CaseFile cf = golden_of(c);
+  const std::vector<double> floor = lse_abs_floor(cf.k);  // [B, S_q, H]
+  const int64_t H = c.heads;
+  for (int64_t i = 0; i < int64_t(floor.size()); ++i)  // (b 0, row 0) alone sees one token
+    CHECK(floor[size_t(i)] == (i < H ? 0.0 : 1.0));
+  std::map<std::string, Tensor> o = run_design(cf, spec_design(c.profile, Form::Absorbed));
+  REQUIRE(audit(cf, o).pass());
+  double small = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    small = std::max(small, std::fabs(o["lse"][h]));
+    o["lse"][h] = round_to(DType::F32, o["lse"][h] * (1 + 5e-6));
+  }
+  MESSAGE("largest one-token |lse| " << small);
+  REQUIRE(small < 0.1);  // the error, 5e-6 relative, is below 5e-7 absolute
+  const AuditResult r = audit(cf, o);
+  CHECK_FALSE(r.pass());
+  CHECK(tensor(r, "lse").j.v.first_metric == "worst_row");
+}
+
 // The forward-order run of a design is one of the yardstick's samples: the gate's cpu.* row itself.
 // It is left out of that row's yardstick (it had been included at 3f7e4fa), and only it.
 TEST_CASE("audit.yardstick.leaves_out_the_judged_run") {

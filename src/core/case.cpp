@@ -131,6 +131,16 @@ std::vector<bool> valid_mask(const Case& k, const std::string& tensor) {
   return m;
 }
 
+std::vector<double> lse_abs_floor(const Case& k) {
+  const MlaConfig& c = k.cfg;
+  std::vector<double> f(size_t(c.batch * c.s_q * c.heads), 1.0);
+  for (int b = 0; b < c.batch; ++b)
+    for (int i = 0; i < c.s_q; ++i)
+      if (k.tokens(b, i).size() == 1)
+        for (int64_t h = 0; h < c.heads; ++h) f[size_t((b * c.s_q + i) * c.heads + h)] = 0.0;
+  return f;
+}
+
 namespace {
 
 // conventions §3: the fp8 cache scales, one per token or one per 128 latent values.

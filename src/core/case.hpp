@@ -53,6 +53,12 @@ std::map<std::string, std::vector<int64_t>> expected_input_shapes(const MlaConfi
 // other tensor is valid everywhere. Empty result = all valid.
 std::vector<bool> valid_mask(const Case& k, const std::string& tensor);
 
+// Per lse element [B, S_q, H]: the magnitude below which its error counts as absolute
+// (conventions §5 "Judging", rule 5). 1 for a row that sums two or more exponentials (log of a sum
+// carries an absolute rounding of a few u), 0 for a row with exactly one visible token: its lse
+// is that token's logit, computed by every correct implementation to a relative accuracy.
+std::vector<double> lse_abs_floor(const Case& k);
+
 // NoPE (d_r = 0): the rope tensors may be absent from a file (conventions §1.3); adds the empty
 // ones
 // ([..., 0]) so every implementation reads the same names. No-op otherwise.

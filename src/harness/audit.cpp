@@ -103,10 +103,11 @@ std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, do
 // The structure statistics of x against those of every candidate's correct implementations.
 std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::string& t,
                                              const Tensor& x, const Tensor& y,
-                                             const std::vector<bool>& mask, double floor, double k,
-                                             double projection_k, DType A) {
+                                             const std::vector<bool>& mask,
+                                             const std::vector<double>& lse_floor, double floor,
+                                             double k, double projection_k, DType A) {
   std::vector<StructureCheck> out;
-  const std::vector<double> v = structure_values(structure_of(x, y, mask));
+  const std::vector<double> v = structure_values(structure_of(x, y, mask, lse_floor));
   // The floors: u/16 for a unit's rel_l2; a projection averages its roundings, u/16 / sqrt(n) over
   // n values (the tensor's, or a row's), or a bf16 floor would hide a whole-tensor bias of 2e-4.
   int64_t n = 0;
@@ -217,8 +218,9 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     // may deliver: a 1 % scale there, hidden in out by fp16 subnormals, had passed; zoo 65011).
     if (a.judged && (is_primary(c, name) || name == "latent_out")) {
       a.families = family_fits(ys, name, a.j.m.rel_l2, in.floor, k);
-      a.structure = structure_checks(ys, name, x, *in.y, in.mask, in.floor, k, o.rule.projection_k,
-                                     accumulate_dtype(c.profile));
+      a.structure = structure_checks(ys, name, x, *in.y, in.mask,
+                                     name == "lse" ? lse_abs_floor(cf.k) : std::vector<double>{},
+                                     in.floor, k, o.rule.projection_k, accumulate_dtype(c.profile));
       for (const StructureCheck& s : a.structure)
         if (!s.pass) {
           a.j.v.pass = false;

@@ -217,6 +217,7 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
   for (const Candidate& c : designs) plain.push_back(c.d);
   std::map<std::string, std::vector<bool>> masks;
   for (const std::string& t : tensors) masks[t] = valid_mask(k, t);
+  const std::vector<double> lse_floor = lse_abs_floor(k);
   for (size_t order = 0; order < yardstick_orders().size(); ++order) {
     OrderScope scope(yardstick_orders()[order]);
     const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
@@ -233,7 +234,8 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
           if (!ref || !o.tensors.count(t)) continue;
           const Tensor& x = o.tensors.at(t);
           s.rel_l2[t] = compare(x, *ref, x.dtype, masks[t]).rel_l2;
-          s.structure[t] = structure_of(x, *ref, masks[t]);
+          s.structure[t] =
+              structure_of(x, *ref, masks[t], t == "lse" ? lse_floor : std::vector<double>{});
         }
         y.samples.push_back(std::move(s));
       }

@@ -36,7 +36,8 @@ struct Sums {
 
 }  // namespace
 
-Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>& mask) {
+Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
+                       const std::vector<double>& lse_floor) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const size_t rank = y.shape.size();
   const int64_t width = rank == 4 ? y.shape[3] : 1;
@@ -54,12 +55,15 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   }
   Structure s;
   s.worst_row = rank == 4 ? row.worst() : nan;
-  if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, 1)
+  if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, floor)
     s.worst_row = 0;
-    for (int64_t i = 0; i < y.numel(); ++i)
-      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(x[i]) && std::isfinite(y[i]))
-        s.worst_row =
-            std::max(s.worst_row, std::fabs(x[i] - y[i]) / std::max(std::fabs(y[i]), 1.0));
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
+        continue;
+      const double scale =
+          std::max(std::fabs(y[i]), lse_floor.empty() ? 1.0 : lse_floor[size_t(i)]);
+      if (scale > 0) s.worst_row = std::max(s.worst_row, std::fabs(x[i] - y[i]) / scale);
+    }
   }
   s.worst_head = rank >= 3 ? head.worst() : nan;
   s.worst_seq = seq.worst();

@@ -15,7 +15,9 @@ namespace qkmla {
 struct Structure {
   // max over units of the unit's rel_l2 (units whose reference is all zero skipped); NaN where the
   // tensor has no such unit. A row of lse ([B, S_q, H]) is one number: its worst_row is the largest
-  // |x - y| / max(|y|, 1) (an absolute error where lse is small), and it has no row_bias.
+  // |x - y| / max(|y|, floor) with the element's floor from `lse_floor` (1 where empty: an
+  // absolute error where lse is small; 0: a relative one, elements with y = 0 skipped), and it has
+  // no row_bias.
   double worst_row = 0, worst_head = 0, worst_seq = 0;
   // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
@@ -28,7 +30,8 @@ std::vector<double> structure_values(const Structure& s);
 
 // x against y over the positions of `mask` (empty: all) where both are finite. Layout: dim 0 is
 // the sequence, dim 2 the head; a row is the last dimension of a rank-4 tensor (out, latent_out:
-// [B, S_q, H, w]).
-Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>& mask);
+// [B, S_q, H, w]). `lse_floor`: per element of a rank-3 tensor (core/case.hpp lse_abs_floor).
+Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
+                       const std::vector<double>& lse_floor = {});
 
 }  // namespace qkmla
