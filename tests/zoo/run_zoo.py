@@ -163,14 +163,17 @@ def audit(binary, case, outs, label, extra=()):
     t0 = time.time()
     p = subprocess.run([binary, "audit", case, outs, "--format", "json", "--label", label, *extra],
                        capture_output=True, text=True, timeout=600)
-    verdict = None
+    verdict, judged = None, {}
     try:
         j = json.loads(p.stdout)
         verdict = j.get("verdict") if isinstance(j, dict) else None
+        for t in j.get("tensors", []):  # the judge's own ratios: how close a correct run came
+            judged[t["tensor"]] = {"baseline_ratio": t.get("baseline_ratio")} | {
+                s["stat"]: s["ratio"] for s in t.get("structure", [])}
     except Exception:
         pass
     return {"rc": p.returncode, "verdict": verdict, "audit_s": round(time.time() - t0, 3),
-            "stderr": p.stderr.strip()[-400:] if p.returncode == 2 else ""}
+            "judged": judged, "stderr": p.stderr.strip()[-400:] if p.returncode == 2 else ""}
 
 
 def run_seed(args_tuple):
@@ -245,6 +248,27 @@ def classify(runs):
 
 
 # ----------------------------------------------------------------------------- report
+def margins(results):
+    """The largest ratio the judge printed for a correct run, per statistic (its threshold is k
+    for baseline_ratio and the worst units, projection_k for bias and row_bias): how much room the
+    correct styles leave."""
+    top = {}
+    for res in results:
+        for r in res["runs"]:
+            if r["bug"] is not None or r.get("overflow") or "judged" not in r:
+                continue
+            for t, st in r["judged"].items():
+                for s, v in st.items():
+                    if isinstance(v, (int, float)) and v == v and v > top.get(s, (0, ""))[0]:
+                        top[s] = (v, f"seed {res['seed']} {r['label']} {t}")
+    if not top:
+        return []
+    out = ["", "## Largest ratio the judge printed for a correct run", "",
+           "| statistic | largest ratio | where |", "|---|---|---|"]
+    out += [f"| {s} | {v:.3g} | {w} |" for s, (v, w) in sorted(top.items())]
+    return out + [""]
+
+
 def summarize(results, binary, seeds, main_commit, total_s):
     fa, missed, errors, overflowed = [], [], [], []
     by = {}
@@ -299,6 +323,7 @@ def summarize(results, binary, seeds, main_commit, total_s):
                 tot[k][1] += b[k][1]
             lines.append(f"| {s} | {bug} | {b['should-catch'][0]}/{b['should-catch'][1]} | "
                          f"{b['band'][0]}/{b['band'][1]} | {b['rounding'][0]}/{b['rounding'][1]} | {b['refused']} |")
+    lines += margins(results)
     rate = lambda k: (f"{tot[k][0]}/{tot[k][1]} = {100 * tot[k][0] / tot[k][1]:.1f} %"  # noqa: E731
                       if tot[k][1] else "n/a")
     lines += ["", f"- kill rate, should-catch: {rate('should-catch')}",
