@@ -64,10 +64,10 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.worst_row == doctest::Approx(0.5));
   CHECK(std::isnan(s.row_bias));
   CHECK(std::isnan(s.bias));  // noise alone biases lse (Jensen): no projection statistic
-  // A one-token row (floor 0) is measured relatively: 0.5 at 0.1 is 5; y = 0 there is skipped.
+  // A one-token row (floor 0) is measured relatively: 0.5 at 0.1 is 5.
   s = structure_of(lx, ly, {}, {0.0, 1.0, 1.0, 1.0});
   CHECK(s.worst_row == doctest::Approx(5.0));
-  ly.data[0] = 0;
-  s = structure_of(lx, ly, {}, {0.0, 1.0, 1.0, 1.0});
-  CHECK(s.worst_row == 0);
+  // Two one-token values, errors 0.5 and 0 at 0.1 and 3: one unit, 0.5 / sqrt(9.01).
+  s = structure_of(lx, ly, {}, {0.0, 0.0, 1.0, 1.0});
+  CHECK(s.worst_row == doctest::Approx(0.5 / std::sqrt(9.01)));
 }

@@ -57,13 +57,18 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   s.worst_row = rank == 4 ? row.worst() : nan;
   if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, floor)
     s.worst_row = 0;
+    long double ee = 0, yy = 0;  // one-token rows (floor 0), together one unit: its rel_l2
     for (int64_t i = 0; i < y.numel(); ++i) {
       if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
         continue;
-      const double scale =
-          std::max(std::fabs(y[i]), lse_floor.empty() ? 1.0 : lse_floor[size_t(i)]);
-      if (scale > 0) s.worst_row = std::max(s.worst_row, std::fabs(x[i] - y[i]) / scale);
+      const double floor = lse_floor.empty() ? 1.0 : lse_floor[size_t(i)];
+      const double scale = std::max(std::fabs(y[i]), floor);
+      if (floor > 0)
+        s.worst_row = std::max(s.worst_row, std::fabs(x[i] - y[i]) / scale);
+      else
+        ee += (long double)(x[i] - y[i]) * (x[i] - y[i]), yy += (long double)y[i] * y[i];
     }
+    if (yy > 0) s.worst_row = std::max(s.worst_row, double(std::sqrt(ee / yy)));
   }
   s.worst_head = rank >= 3 ? head.worst() : nan;
   s.worst_seq = seq.worst();

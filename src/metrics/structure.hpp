@@ -15,9 +15,11 @@ namespace qkmla {
 struct Structure {
   // max over units of the unit's rel_l2 (units whose reference is all zero skipped); NaN where the
   // tensor has no such unit. A row of lse ([B, S_q, H]) is one number: its worst_row is the largest
-  // |x - y| / max(|y|, floor) with the element's floor from `lse_floor` (1 where empty: an
-  // absolute error where lse is small; 0: a relative one, elements with y = 0 skipped), and it has
-  // no row_bias.
+  // |x - y| / max(|y|, 1) (an absolute error where lse is small) over the elements whose
+  // `lse_floor` is 1 (all where empty), and the rel_l2 of those whose floor is 0 taken as one
+  // unit (one-token rows, whose lse is a logit: relative errors, but measured against the unit's
+  // norm, since a logit that nearly cancels has a large relative error in any correct order);
+  // it has no row_bias.
   double worst_row = 0, worst_head = 0, worst_seq = 0;
   // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
