@@ -57,11 +57,19 @@ inline EB operator-(const EB& a) { return {-a.v, a.e}; }
 inline EB operator-(const EB& a, const EB& b) { return a + (-b); }
 // B.2 multiplication: |x^y^ - xy| <= |x|ey + |y|ex + ex ey, then one rounding.
 // An exact zero times an unbounded error is zero, not NaN: the term is |x| e_y with x = 0.
-inline long double times0(long double x, long double y) { return x == 0 || y == 0 ? 0 : x * y; }
+// Both tests are evaluated (no short circuit), so the select needs no branch.
+inline long double times0(long double x, long double y) {
+  const long double p = x * y;
+  return (x == 0) | (y == 0) ? 0 : p;
+}
 inline EB operator*(const EB& a, const EB& b) {
   const long double v = a.v * b.v;
+  // An exact operand (a stored input: e = 0) zeroes two of the three terms; adding those +0s is
+  // exact, so skipping them gives the same bits (measured: the default gate's JSON unchanged).
   const long double d =
-      times0(std::fabs(a.v), b.e) + times0(std::fabs(b.v), a.e) + times0(a.e, b.e);
+      b.e == 0   ? times0(std::fabs(b.v), a.e)
+      : a.e == 0 ? times0(std::fabs(a.v), b.e)
+                 : times0(std::fabs(a.v), b.e) + times0(std::fabs(b.v), a.e) + times0(a.e, b.e);
   return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
 }
 // B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one
