@@ -21,10 +21,17 @@ namespace {
 struct Sums {
   std::vector<long double> ee, yy, ey;
   explicit Sums(int64_t n) : ee(size_t(n), 0), yy(size_t(n), 0), ey(size_t(n), 0) {}
-  void add(int64_t u, double e, double y) {
-    ee[size_t(u)] += (long double)e * e;
-    yy[size_t(u)] += (long double)y * y;
-    ey[size_t(u)] += (long double)e * y;
+  // The three products of one element, formed once for every unit it belongs to.
+  struct Terms {
+    long double ee, yy, ey;
+  };
+  static Terms terms(double e, double y) {
+    return {(long double)e * e, (long double)y * y, (long double)e * y};
+  }
+  void add(int64_t u, const Terms& t) {
+    ee[size_t(u)] += t.ee;
+    yy[size_t(u)] += t.yy;
+    ey[size_t(u)] += t.ey;
   }
   double worst() const {
     double w = 0;
@@ -41,24 +48,26 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const size_t rank = y.shape.size();
   const int64_t width = rank == 4 ? y.shape[3] : 1;
-  const int64_t rows = width > 0 ? y.numel() / width : 0;
-  Sums row(rank == 4 ? rows : 0), head(rank >= 3 ? y.shape[2] : 0), seq(rank >= 1 ? y.shape[0] : 0);
+  const int64_t n = y.numel(), rows = width > 0 ? n / width : 0;
+  const int64_t heads = rank >= 3 ? y.shape[2] : 0;
+  const int64_t per_seq = rank >= 1 ? n / std::max<int64_t>(y.shape[0], 1) : 0;
+  Sums row(rank == 4 ? rows : 0), head(heads), seq(rank >= 1 ? y.shape[0] : 0);
   Sums all(1);
-  for (int64_t i = 0; i < y.numel(); ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
       continue;
-    const double e = x[i] - y[i];
-    all.add(0, e, y[i]);
-    if (rank == 4) row.add(i / width, e, y[i]);
-    if (rank >= 3) head.add((i / width) % y.shape[2], e, y[i]);
-    if (rank >= 1) seq.add(i / (y.numel() / std::max<int64_t>(y.shape[0], 1)), e, y[i]);
+    const Sums::Terms t = Sums::terms(x[i] - y[i], y[i]);
+    all.add(0, t);
+    if (rank == 4) row.add(i / width, t);
+    if (rank >= 3) head.add((i / width) % heads, t);
+    if (rank >= 1) seq.add(i / per_seq, t);
   }
   Structure s;
   s.worst_row = rank == 4 ? row.worst() : nan;
   if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, floor)
     s.worst_row = 0;
     long double ee = 0, yy = 0;  // one-token rows (floor 0), together one unit: its rel_l2
-    for (int64_t i = 0; i < y.numel(); ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
         continue;
       const double floor = lse_floor.empty() ? 1.0 : lse_floor[size_t(i)];
