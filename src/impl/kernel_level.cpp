@@ -19,7 +19,7 @@ Case kernel_case_t(const Case& k) {
   const int64_t T = k.t_max();
   const bool stats = cf.norm != NormMode::None;
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk"));
-  Case kc{cf, {}, nullptr};
+  Case kc{cf, {}, nullptr, nullptr};
   kc.cfg.level = Level::Kernel;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Tensor& ql = kc.tensors["q_latent"] = Tensor(D, {cf.batch, S, H, r});
@@ -92,7 +92,6 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
   Tensor& lat_out = o.tensors["latent_out"] = make_output(k, "latent_out", d.latent_out, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   for (int b = 0; b < cf.batch; ++b) {
-    const int64_t T = cf.seqlens[size_t(b)];
     LatentCache<Acc> cache = cache_of<Acc>(k, b);
     if (rounds_at(d.cache, A))  // the dequantized fp8 cache stored (bf16) before the dot products
       for (Acc& x : cache.c) x = store(d.cache, x);
