@@ -11,6 +11,7 @@
 #include "harness/yardstick.hpp"
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
+#include "impl/kernel_level.hpp"
 #include "metrics/compare.hpp"
 
 using namespace qkmla;
@@ -259,4 +260,28 @@ TEST_CASE("audit.kernel_case.empty_sequence_has_finite_alpha_q") {
   const CaseFile back = read_case(path);  // validates every input: finite alpha_q
   CHECK(back.k.get("alpha_q").at({0, 0, 0}) == 0.0);
   std::filesystem::remove(path);
+}
+
+// Zoo seed 72184 (sglang_native): a kernel-level attention core that normalizes P in fp32 and then
+// casts it to the stored dtype, as a PyTorch softmax(..., dtype=float32).type_as(x) does, had a
+// latent_out bias 6.8x the candidates' largest and failed; no candidate stored P after the
+// division at kernel level. The family "P stored after the softmax's division" covers it.
+TEST_CASE("audit.real_code.p_normalized_at_kernel_level") {
+  MlaConfig c =
+      test::tiny_config(Profile::BF16, {1, 156, 0, 7}, 1, NormMode::Unified, test::seed(72184));
+  c.scenario = "large_logits";
+  c.rope_order = RopeOrder::RopeThenNorm;
+  c.rope_style = RopeStyle::Half;
+  CAPTURE(c.seed);
+  Golden g = make_golden(generate_case(c), Level::Kernel, 113, "test");
+  REQUIRE(g.truth.ok());
+  const CaseFile cf{g.k, g.refs, g.metadata};
+  Design torch = spec_design(c.profile, Form::Kernel);
+  torch.p = DType::BF16, torch.p_normalized = true;
+  const Outputs o = impl::cpu_kernel(cf.k, torch);
+  const AuditResult r =
+      audit(cf, {{"latent_out", o.tensors.at("latent_out")}, {"lse", o.tensors.at("lse")}});
+  const TensorAudit& lat = tensor(r, "latent_out");
+  for (const StructureCheck& s : lat.structure) MESSAGE(s.stat << " " << s.ratio << "x");
+  CHECK(r.pass());
 }

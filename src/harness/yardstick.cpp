@@ -75,6 +75,12 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
   flash.p = D, flash.exp2 = true;
   add("FlashMLA-style (P stored, exp2)", flash);
+  // A PyTorch attention core: fp32 softmax, P cast to the stored dtype after the division
+  // (softmax(s, dtype=float32).type_as(x), then P.c in the stored dtype), every other point as
+  // the base; at kernel level too, where q_latent arrives stored (zoo seed 72184).
+  Design normalized = base;
+  normalized.p = D, normalized.p_normalized = true;
+  add("P stored after the softmax's division", normalized);
   // A module storing every op's output stores out too; kernel-level references compute in fp32.
   if (base.form != Form::Kernel && base.out == D) {
     Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
