@@ -105,6 +105,15 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design deq = base;
     deq.cache = DType::BF16;
     add("fp8 cache dequantized to bf16", deq);
+    // FlashMLA's fp8 decode does both: the tile dequantized to bf16 for the MMAs, bf16 P into the
+    // second one (zoo seed 74015: a tiled kernel on tiny_keys, where every weight near 1 rounds
+    // the same way, had a bias 4.1x either family's alone).
+    Design flash_deq = flash;
+    flash_deq.cache = DType::BF16;
+    add("FlashMLA-style, fp8 cache dequantized to bf16", flash_deq);
+    Design normalized_deq = normalized;  // a PyTorch core over kv.to(bf16) * scale
+    normalized_deq.cache = DType::BF16;
+    add("P stored after the division, fp8 cache dequantized to bf16", normalized_deq);
   }
 }
 
