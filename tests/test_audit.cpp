@@ -3,6 +3,7 @@
 // a judged run never part of its own yardstick.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -299,7 +300,13 @@ TEST_CASE("audit.real_code.flashmla_fp8_dequantized_tile_and_bf16_p") {
   Design flash = spec_design(c.profile, Form::Absorbed);
   flash.p = DType::BF16, flash.exp2 = true, flash.cache = DType::BF16;
   const AuditResult r = audit(cf, run_design(cf, flash));
-  for (const StructureCheck& s : tensor(r, "out").structure)
+  double worst = 0;
+  for (const StructureCheck& s : tensor(r, "out").structure) {
     MESSAGE(s.stat << " " << s.ratio << "x");
+    worst = std::max(worst, s.ratio);
+  }
   CHECK(r.pass());
+  // A candidate's own run sits within its samples' spread (1.0x here); without the family the
+  // bias was 3.8x (this forward-order run) to 4.1x (the zoo kernel's order).
+  CHECK(worst < 2);
 }
