@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "harness/audit.hpp"
 #include "harness/golden.hpp"
@@ -13,6 +14,7 @@
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/kernel_level.hpp"
+#include "impl/profile_math.hpp"
 #include "metrics/compare.hpp"
 
 using namespace qkmla;
@@ -309,4 +311,28 @@ TEST_CASE("audit.real_code.flashmla_fp8_dequantized_tile_and_bf16_p") {
   // A candidate's own run sits within its samples' spread (1.0x here); without the family the
   // bias was 3.8x (this forward-order run) to 4.1x (the zoo kernel's order).
   CHECK(worst < 2);
+}
+
+// A design that stores P after the division is a module's: its yardstick samples no split-KV
+// order (zoo seed 72533: per-chunk normalized, stored P gave the PyTorch-module candidate a row
+// scale error ~10x any module's, and a 0.4 % one-sequence scale passed). A kernel's tile-stored P
+// is still split.
+TEST_CASE("audit.yardstick.no_split_for_p_stored_after_division") {
+  MlaConfig c =
+      test::tiny_config(Profile::BF16, {0, 90, 33}, 2, NormMode::Blockwise, test::seed(72533));
+  const CaseFile cf = golden_of(c);
+  auto with_splits = [&](const Design& d, int splits) {
+    impl::SumOrder o;
+    o.splits = splits;
+    const impl::SumOrder saved = std::exchange(impl::sum_order(), o);
+    std::map<std::string, Tensor> r = run_design(cf, d);
+    impl::sum_order() = saved;
+    return r.at("out").data;
+  };
+  Design module = spec_design(c.profile, Form::Absorbed);
+  module.p = DType::BF16, module.p_normalized = true;
+  CHECK(with_splits(module, 2) == with_splits(module, 1));
+  Design kernel = spec_design(c.profile, Form::Absorbed);
+  kernel.p = DType::BF16;
+  CHECK(with_splits(kernel, 2) != with_splits(kernel, 1));
 }
