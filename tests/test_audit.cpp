@@ -336,3 +336,27 @@ TEST_CASE("audit.yardstick.no_split_for_p_stored_after_division") {
   kernel.p = DType::BF16;
   CHECK(with_splits(kernel, 2) != with_splits(kernel, 1));
 }
+
+// Zoo seed 76141 (triton_fold, fp32, large_logits): a kernel that takes alpha_k's statistic from
+// the Gram form c (WK_g WK_g^T) c, the key never formed, had out ratio 4.4 (fp32 cancellation in
+// the quadratic form, amplified by logits near 100) and failed. The family "alpha_k from the Gram
+// form" samples that design where it is affordable; the judge's own Gram run passes, named.
+TEST_CASE("audit.real_code.gram_form_alpha_k") {
+  MlaConfig c = test::tiny_config(Profile::FP32, {20, 7, 0, 143}, 1, NormMode::Unified,
+                                  test::seed(76141), "tiny-g1");
+  c.scenario = "large_logits";
+  c.rope_order = RopeOrder::RopeThenNorm;
+  c.rope_style = RopeStyle::Half;
+  CAPTURE(c.seed);
+  const CaseFile cf = golden_of(c);
+  Design gram = spec_design(c.profile, Form::Absorbed);
+  gram.gram_alpha_k = true;
+  const AuditResult r = audit(cf, run_design(cf, gram));
+  CHECK(r.pass());
+  const TensorAudit& out = tensor(r, "out");
+  MESSAGE("out ratio " << out.j.baseline_ratio);
+  bool named = false;  // the Gram family is among the consistent ones
+  for (const FamilyFit& f : out.families)
+    named = named || (f.family.find("Gram form") != std::string::npos && f.consistent);
+  CHECK(named);
+}

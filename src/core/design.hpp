@@ -42,6 +42,9 @@ struct Design {
   bool scale_in_q = false;
   bool exp2 = false;          // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
   bool approx_rsqrt = false;  // 1/S through an approximate rsqrt (a few ulp of the statistic)
+  // absorbed: alpha_k's statistic as c (WK_g WK_g^T) c / d_c, the key never formed (a Triton-style
+  // kernel's Gram form; its rounding differs from summing the formed key's squares)
+  bool gram_alpha_k = false;
   // P stored after the softmax's division (a module: softmax(...).type_as(x)) rather than as a
   // kernel stores its tile, exp(l - m) with the largest weight exactly 1, dividing after p.c.
   bool p_normalized = false;
@@ -50,7 +53,8 @@ struct Design {
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
            cache == o.cache && eager == o.eager && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
-           approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized;
+           approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
+           gram_alpha_k == o.gram_alpha_k;
   }
 };
 

@@ -41,6 +41,16 @@ bool small_case(const MlaConfig& c) {
   return rows <= 64;
 }
 
+// The multiply-adds of one Gram-form cache (r^2 per token and group; the Gram matrices' own
+// r^2 d_c per group) and the most a yardstick spends on them per sample: 5e8 (~1 s).
+double gram_cost(const MlaConfig& c) {
+  double tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  const double r2 = double(c.latent_rank) * c.latent_rank;
+  return c.groups * r2 * (tokens + c.d_c);
+}
+constexpr double kGramBudget = 5e8;
+
 }  // namespace
 
 Design design_of(const ImplId& id, Profile p) {
@@ -100,6 +110,16 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design rs = base;
     rs.approx_rsqrt = true;
     add("approximate rsqrt statistic", rs);
+  }
+  // alpha_k from the Gram form c (WK_g WK_g^T) c, the key never formed (a Triton-style kernel):
+  // an fp32 sum with cancellation, which only shows where nothing coarser is rounded (fp32, fp64
+  // profiles; zoo seed 76141: out ratio 4.4 in fp32 on large_logits, 1.35 with this family). Its
+  // samples cost r^2 multiply-adds per token and group: sampled up to kGramBudget of them.
+  if (c.norm != NormMode::None && base.form == Form::Absorbed &&
+      !rounds_at(D, accumulate_dtype(c.profile)) && gram_cost(c) <= kGramBudget) {
+    Design gram = base;
+    gram.gram_alpha_k = true;
+    add("alpha_k from the Gram form (key never formed)", gram);
   }
   if (is_fp8(c.profile) && base.form != Form::Explicit) {
     Design deq = base;

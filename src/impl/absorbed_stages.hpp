@@ -13,12 +13,36 @@
 
 namespace qkmla::impl {
 
+// The Gram matrices WK_g WK_g^T of the groups, [G, r, r] in Acc, each entry one sequential sum
+// over d_c.
+template <class Acc>
+std::vector<Acc> gram_of(const std::vector<Acc>& wk, int r, int G, int dc) {
+  std::vector<Acc> out(size_t(G) * r * r);
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < r; ++i)
+      for (int j = 0; j < r; ++j)
+        out[(size_t(g) * r + i) * r + j] = ordered_sum<Acc>(dc, [&](int d) {
+          return wk[size_t(i) * G * dc + g * dc + d] * wk[size_t(j) * G * dc + g * dc + d];
+        });
+  return out;
+}
+
+// c^T M c for one [r, r] matrix, as a three-operand einsum evaluates it: one sum over the r^2
+// terms (c_i M_ij) c_j in the current order. The flat sum is the less accurate of the usual orders
+// (the nested sum_i c_i (M c)_i has shorter sums), and a yardstick wants the least accurate.
+template <class Acc>
+Acc gram_quad(const Acc* M, const Acc* c, int r) {
+  return ordered_sum<Acc>(r * r, [&](int n) { return (c[n / r] * M[n]) * c[n % r]; });
+}
+
 // A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only; the rope
 // key is cached in `rope_format` (a design's rounding point), alpha_k in Acc. Eager (a design's
 // `eager` format, not F64): the transient key and every step of the rope key stored in it.
+// `gram`: the content statistic as c (WK_g WK_g^T) c instead (gram_of: one [r, r] per group).
 template <class Acc>
 LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, Acc eps,
-                             const Perturbation& p, DType rope_format, DType eager = DType::F64) {
+                             const Perturbation& p, DType rope_format, DType eager = DType::F64,
+                             const std::vector<Acc>* gram = nullptr) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
   const Tensor& kpe = k.get("k_pe");
@@ -49,7 +73,8 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
       for (int g = 0; g < G; ++g) {
         const Acc* kg = &keys[size_t((t - t0) * G * dc + g * dc)];
-        Acc ss = dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
+        Acc ss = gram ? gram_quad(gram->data() + size_t(g) * r * r, lc.c.data() + t * r, r)
+                      : dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
         int n = dc;
         if (p.key_stat_from_latent) ss = sum_sq(lc.c.data() + t * r, r), n = r;
         if (joint) ss += rope_ss, n += dr;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "bounds/error_bound.hpp"
@@ -113,33 +114,42 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
   const Acc eps = constant<Acc>(cf.eps);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const std::vector<Acc> wk_merged = merged_weights<Acc>(k, specs);
+  bool any_gram = false;
   std::vector<Outputs> outs;
-  for (const AbsorbedSpec& s : specs)
+  for (const AbsorbedSpec& s : specs) {
     outs.push_back(empty_outputs<Acc>(k, design_of(s, cf.profile)));
+    any_gram = any_gram || design_of(s, cf.profile).gram_alpha_k;
+  }
+  const std::vector<Acc> gram = any_gram && cf.norm != NormMode::None
+                                    ? gram_of(wk, cf.latent_rank, cf.groups, cf.d_c)
+                                    : std::vector<Acc>{};
   std::vector<double> seconds(specs.size(), 0.0);
   for (int b = 0; b < cf.batch; ++b) {
     // The correct caches, one per rope format the specs ask for, shared by every unperturbed spec.
-    using Formats = std::pair<DType, DType>;  // the rope key's rounding point, the eager format
+    // The rope key's rounding point, the eager format, the Gram-form statistic.
+    using Formats = std::tuple<DType, DType, bool>;
     std::map<Formats, LatentCache<Acc>> correct;
     std::map<Formats, double> cache_s;
     const auto formats = [&](const AbsorbedSpec& s) {
       const Design d = design_of(s, cf.profile);
-      return Formats{d.rope, d.eager};
+      return Formats{d.rope, d.eager, d.gram_alpha_k && !gram.empty()};
+    };
+    const auto cache_of = [&](const Formats& f, const Perturbation& p) {
+      return build_cache(k, b, wk, eps, p, std::get<0>(f), std::get<1>(f),
+                         std::get<2>(f) ? &gram : nullptr);
     };
     for (const AbsorbedSpec& s : specs) {
       const Formats rope = formats(s);
       if (!s.p.is_none() || correct.count(rope)) continue;
       const auto t0 = std::chrono::steady_clock::now();
-      correct[rope] = build_cache(k, b, wk, eps, Perturbation{}, rope.first, rope.second);
+      correct[rope] = cache_of(rope, Perturbation{});
       cache_s[rope] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     for (size_t n = 0; n < specs.size(); ++n) {
       const auto t1 = std::chrono::steady_clock::now();
       const Formats rope = formats(specs[n]);
       const bool perturbed = !specs[n].p.is_none();
-      const LatentCache<Acc> own =
-          perturbed ? build_cache(k, b, wk, eps, specs[n].p, rope.first, rope.second)
-                    : LatentCache<Acc>{};
+      const LatentCache<Acc> own = perturbed ? cache_of(rope, specs[n].p) : LatentCache<Acc>{};
       run_sequence(k, b, specs[n], perturbed ? own : correct.at(rope), wk, wk_merged, wv, outs[n]);
       seconds[n] += (perturbed ? 0.0 : cache_s[rope]) +
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
