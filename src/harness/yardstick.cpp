@@ -111,16 +111,6 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     rs.approx_rsqrt = true;
     add("approximate rsqrt statistic", rs);
   }
-  // alpha_k from the Gram form c (WK_g WK_g^T) c, the key never formed (a Triton-style kernel):
-  // an fp32 sum with cancellation, which only shows where nothing coarser is rounded (fp32, fp64
-  // profiles; zoo seed 76141: out ratio 4.4 in fp32 on large_logits, 1.35 with this family). Its
-  // samples cost r^2 multiply-adds per token and group: sampled up to kGramBudget of them.
-  if (c.norm != NormMode::None && base.form == Form::Absorbed &&
-      !rounds_at(D, accumulate_dtype(c.profile)) && gram_cost(c) <= kGramBudget) {
-    Design gram = base;
-    gram.gram_alpha_k = true;
-    add("alpha_k from the Gram form (key never formed)", gram);
-  }
   if (is_fp8(c.profile) && base.form != Form::Explicit) {
     Design deq = base;
     deq.cache = DType::BF16;
@@ -180,6 +170,16 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     Design acc = accumulate_design(c.profile, f);
     acc.alpha_k = alpha_k, acc.out = o;
     add("all-" + format_word(A) + " compute", acc);
+    // alpha_k from the Gram form c (WK_g WK_g^T) c, the key never formed (a Triton-style kernel):
+    // a sum with cancellation in the accumulate type, which shows only where nothing coarser is
+    // rounded, so it varies the all-accumulate compute (zoo seed 76141: fp32 large_logits, out
+    // ratio 4.43 without it, 1.35 with it). r^2 multiply-adds per token and group: sampled only
+    // up to kGramBudget.
+    if (c.norm != NormMode::None && f == Form::Absorbed && gram_cost(c) <= kGramBudget) {
+      Design gram = acc;
+      gram.gram_alpha_k = true;
+      add("alpha_k from the Gram form (key never formed)", gram);
+    }
     Design base = spec_design(c.profile, f);
     base.alpha_k = alpha_k, base.out = o;
     add("conventions §3 rounding points", base);

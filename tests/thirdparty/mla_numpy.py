@@ -6,6 +6,8 @@ latent_out, alpha_k) with safetensors.numpy.save_file.
 
 Designs (each legitimate: conventions §5 "Judging"):
   fp32       every intermediate in float32; out, lse, latent_out delivered in float32
+  gram32     fp32, but alpha_k's content statistic from the Gram form kv (wk wk^T) kv^T (keys never
+             formed for it, a Triton-style kernel's choice)
   bf16_p     probabilities rounded to the stored dtype before p.c (FlashMLA's bf16 P); out stored
   stored_out float32 compute, out and latent_out rounded to the stored dtype
   spec_f32   q_latent and rope parts rounded as stored_out, out and latent_out delivered in float32
@@ -64,6 +66,17 @@ def load(path):
 
 def rnd(x, dtype):
     return np.asarray(x, F32).astype(dtype).astype(F32)
+
+
+def rms_inv_gram(kv, wk, extra, eps, bug):
+    """gram32's alpha_k: the content keys' sum of squares as kv (wk wk^T) kv^T, the keys never
+    formed (a Triton-style kernel's Gram form; numpy's three-operand einsum, one flat fp32 sum),
+    plus the squares of `extra` (unified: the rope part the norm sees)."""
+    gram = np.einsum("rd,sd->rs", wk, wk).astype(F32)
+    ss = np.einsum("tr,rs,ts->t", kv, gram, kv).astype(F32) + np.sum(extra * extra, axis=-1, dtype=F32)
+    d = wk.shape[1] + extra.shape[1]
+    e = F32(eps * (10 if bug == "eps_x10" else 0.1 if bug == "eps_div10" else 1))
+    return F32(1) / np.sqrt(ss / F32(d) + e)
 
 
 def rms_inv(z, eps, bug):
@@ -143,7 +156,7 @@ class Run:
             T = int(t["seqlens"][b])
             self.sequence(b, T, out, lat_out, lse, alpha_k_all, sigma)
         res = {"out": out, "lse": lse}
-        fp32_out = self.design in ("fp32", "spec_f32")  # spec_f32: stored q_latent, fp32 outputs
+        fp32_out = self.design in ("fp32", "spec_f32", "gram32")  # spec_f32: stored q_latent, fp32 outputs
         if not fp32_out:
             res["out"] = self.stored(out).astype(self.D)
         if self.design != "explicit":
@@ -160,7 +173,7 @@ class Run:
         cos, sin = t["rope_cos"], t["rope_sin"]
         kv = self.kv[b, :T]
         unified, none = norm == "unified", norm == "none"
-        fp32 = self.design == "fp32"
+        fp32 = self.design in ("fp32", "gram32")
         rope_store = (lambda x: x) if fp32 else self.stored
         for h in range(H):
             g = h // (H // G)
@@ -174,11 +187,13 @@ class Run:
             elif unified:
                 ntr = c["rope_order"] == "norm_then_rope"
                 kz = kpe if ntr else (np.stack([rotate(kpe[s], s, c, cos, sin, bug) for s in range(T)]) if T else kpe)
-                alpha_k = rms_inv(np.concatenate([keys, kz], axis=1), eps, bug) if T else np.zeros(0, F32)
+                alpha_k = (rms_inv_gram(kv, wk, kz, eps, bug) if self.design == "gram32"
+                           else rms_inv(np.concatenate([keys, kz], axis=1), eps, bug)) if T else np.zeros(0, F32)
                 gk = t["gamma_k"][dc:] if bug != "no_gamma_rk" else np.ones(dr, F32)
                 kr = np.stack([rotate(kz[s] * gk, s, c, cos, sin, bug) if ntr else kz[s] * gk for s in range(T)]) if T else kz
             else:
-                alpha_k = rms_inv(keys, eps, bug) if T else np.zeros(0, F32)
+                alpha_k = (rms_inv_gram(kv, wk, np.zeros((T, 0), F32), eps, bug) if self.design == "gram32"
+                           else rms_inv(keys, eps, bug)) if T else np.zeros(0, F32)
                 gk = t["gamma_rk"] if bug != "no_gamma_rk" else np.ones(dr, F32)
                 kr = np.stack([rope_part(kpe[s], gk, s, c, cos, sin, eps, bug) for s in range(T)]) if T else np.zeros((0, dr), F32)
             if self.design == "alpha_k_bf16":
@@ -217,7 +232,7 @@ class Run:
         c, bug, design = self.cfg, self.bug, self.design
         norm = c["norm"]
         q_latent, qr, aq = self.query(b, i, h, g, pos, wk)
-        fp32 = design == "fp32"
+        fp32 = design in ("fp32", "gram32")
         if not fp32 and design != "q_latent32":
             q_latent = self.stored(q_latent)
         if not fp32:

@@ -23,7 +23,7 @@ import mla_numpy  # noqa: E402
 
 # spec_f32: q_latent and rope parts stored, outputs unrounded fp32 (conventions §3's design returned
 # as .float() gives it): an F32 out is consistent with it, so it is admissible beside fp32.
-DESIGNS = ["fp32", "bf16_p", "stored_out", "q_latent32", "explicit", "spec_f32"]
+DESIGNS = ["fp32", "bf16_p", "stored_out", "q_latent32", "explicit", "spec_f32", "gram32"]
 BUG_DESIGNS = ["fp32", "stored_out"]  # each bug is a variant of these correct implementations
 SHAPES = [  # (preset, norm)
     ("tiny", "blockwise"), ("tiny", "unified"), ("tiny", "none"), ("tiny-nope", "blockwise"), ("tiny-g1", "blockwise"),
