@@ -179,6 +179,50 @@ TEST_CASE("audit.structure.catches_what_rel_l2_averages_away") {
   CHECK_FALSE(audit(f32, o).pass());
 }
 
+// One sequence whose logits carry a 1.5 % scale (a per-sequence softmax scale gone wrong): its
+// lse moves by ~0.015 E_p[s] on every row one way. Before seq_shift, lse had no systematic
+// statistic and such a bug, judged by lse, passed (zoo 77507, 77535, 77538: lse.sys ratios 13-24x).
+// Measured at seed 70031: bf16 seq_shift 16.7x (worst_seq 3.9x), fp32 8.6e4x.
+TEST_CASE("audit.structure.lse_seq_shift_catches_one_sequence_scale") {
+  for (Profile p : {Profile::BF16, Profile::FP32}) {
+    const uint64_t seed = test::seed(70031);
+    CAPTURE(seed);
+    CAPTURE(to_string(p));
+    MlaConfig c = test::tiny_config(p, {30, 40, 50, 60}, 2, NormMode::Blockwise, seed, "paper-g8");
+    const CaseFile cf = golden_of(c);
+    const Design d = spec_design(p, Form::Absorbed);
+    const std::map<std::string, Tensor> good = run_design(cf, d);
+    const AuditResult ok = audit(cf, good);
+    REQUIRE(ok.pass());
+    CaseFile scaled = cf;
+    scaled.k.cfg.softmax_scale *= 1.015;
+    const std::map<std::string, Tensor> wrong = run_design(scaled, d);
+    std::map<std::string, Tensor> bug = good;  // sequence 3 from the scaled run
+    for (const std::string t : {"out", "lse"}) {
+      const int64_t per_seq = good.at(t).numel() / good.at(t).shape[0];
+      for (int64_t i = 3 * per_seq; i < 4 * per_seq; ++i) bug[t][i] = wrong.at(t)[i];
+    }
+    const AuditResult r = audit(cf, bug);
+    double shift = 0;
+    for (const StructureCheck& s : tensor(r, "lse").structure) {
+      MESSAGE(to_string(p) << " lse " << s.stat << " " << s.ratio << "x");
+      if (s.stat == "seq_shift") shift = s.ratio;
+    }
+    for (const StructureCheck& s : tensor(ok, "lse").structure)
+      if (s.stat == "seq_shift")
+        CHECK(s.ratio <= 1.0);  // a correct run is one of its samples' kind
+    CHECK(shift > 10);
+    CHECK_FALSE(r.pass());
+    for (const TensorAudit& a : r.tensors)
+      for (const std::string& f : a.j.v.failed) MESSAGE(a.j.tensor << " failed: " << f);
+    // lse alone (what a kernel's lse output says): in bf16 only seq_shift sees it (the other
+    // statistics are below k; out's bias, 5.3x here, is not in the file).
+    const AuditResult lse_only = audit(cf, {{"lse", bug.at("lse")}});
+    CHECK_FALSE(lse_only.pass());
+    if (p == Profile::BF16) CHECK(tensor(lse_only, "lse").j.v.failed.size() == 1);
+  }
+}
+
 // A row that sees one token has lse = that token's logit, which every correct implementation
 // computes to a relative accuracy (log 1 = 0 exactly). Measured against max(|lse|, 1), relative
 // errors at logits near 0.01 (zoo seed 69528: alpha_k taken from the latent, 5e-6; a split

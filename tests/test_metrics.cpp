@@ -51,6 +51,7 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.worst_seq == doctest::Approx(0.1 / std::sqrt(2)));
   CHECK(s.bias == doctest::Approx(0.1 / 10));     // <e, y> / <y, y> = 0.1 / 10
   CHECK(s.row_bias == doctest::Approx(0.1 / 2));  // rows' projections: 0, .1, 0, 0
+  CHECK(std::isnan(s.seq_shift));                 // lse only
   x.data = y.data;  // a 1 % scale everywhere: every projection is -0.01
   for (double& v : x.data) v *= 0.99;
   s = structure_of(x, y, {});
@@ -63,7 +64,12 @@ TEST_CASE("metrics.structure.definitions") {
   s = structure_of(lx, ly, {});
   CHECK(s.worst_row == doctest::Approx(0.5));
   CHECK(std::isnan(s.row_bias));
-  CHECK(std::isnan(s.bias));  // noise alone biases lse (Jensen): no projection statistic
+  CHECK(std::isnan(s.bias));  // lse's values share an offset (log T): no projection statistic
+  // seq_shift: sequence 0's errors 0.5 and 0 (mean 0.25); sequence 1's finite row is exact.
+  CHECK(s.seq_shift == doctest::Approx(0.25));
+  lx.data[0] = 0.1, lx.data[1] = 2.5, lx.data[3] = 8.25;  // -0.5 in sequence 0, +0.25 in 1
+  CHECK(structure_of(lx, ly, {}).seq_shift == doctest::Approx(0.25));
+  lx.data = {0.6, 3.0, -INFINITY, 8.0};
   // A one-token row (floor 0) is measured relatively: 0.5 at 0.1 is 5.
   s = structure_of(lx, ly, {}, {0.0, 1.0, 1.0, 1.0});
   CHECK(s.worst_row == doctest::Approx(5.0));

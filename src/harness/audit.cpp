@@ -123,12 +123,13 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
     const double top = ys.structure_max(t, i);
     if (std::isnan(v[i]) || std::isnan(top)) continue;
     const std::string& stat = structure_names()[i];
-    const double f = stat == "bias"
+    const bool projection = stat == "bias" || stat == "row_bias" || stat == "seq_shift";
+    const double f = stat == "row_bias" ? std::max(common, floor / std::sqrt(width))
+                     : projection
                          ? std::max(common, floor / std::sqrt(double(std::max<int64_t>(n, 1))))
-                     : stat == "row_bias" ? std::max(common, floor / std::sqrt(width))
-                                          : floor;
+                         : floor;
     StructureCheck c{stat, v[i], top, v[i] / std::max(top, f), true};
-    c.pass = c.ratio <= (stat == "bias" || stat == "row_bias" ? std::max(k, projection_k) : k);
+    c.pass = c.ratio <= (projection ? std::max(k, projection_k) : k);
     out.push_back(c);
   }
   return out;

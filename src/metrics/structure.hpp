@@ -24,6 +24,12 @@ struct Structure {
   // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
+  // lse (rank 3) only, NaN otherwise: max over sequences of |mean over the sequence's rows of
+  // (x - y)|, in nats (lse's error is the relative error of the softmax's sum). A logit scale or
+  // offset in one sequence moves all its rows one way. Not a projection on y: lse's values share
+  // an offset (log T) that would dilute it; rounding noise alone moves it (Jensen: noise in the
+  // logits raises log-sum-exp by ~var/2), which the yardstick's samples carry too.
+  double seq_shift = 0;
 };
 
 // The statistics' names, in the order `structure_values` returns them.
