@@ -1,9 +1,13 @@
 // impl.*: the CPU profile implementations against the reference, through the report pipeline.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <utility>
 
+#include "core/rng.hpp"
 #include "helpers.hpp"
+#include "impl/absorbed_stages.hpp"
 #include "report/report.hpp"
 
 using namespace qkmla;
@@ -68,5 +72,47 @@ TEST_CASE("impl.report.reference_agreement") {
     // bits"); conditioning here costs a few bits at most (reports/report-*.md show 106-110).
     CHECK(p.agreeing_bits >= 100);
     CHECK(p.agreeing_bits >= p.required_bits);
+  }
+}
+
+// The Gram-form statistic vectorizes across rows (gram_quads) and Gram entries (gram_of); each
+// value must still be ordered_sum's over its terms in every yardstick order, bit for bit.
+TEST_CASE("impl.gram.same_terms_same_order_as_ordered_sum") {
+  const uint64_t seed = test::seed(70041);
+  CAPTURE(seed);
+  Rng rng(seed);
+  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
+  for (int r : {1, 5, 7, 16}) {
+    const int n = 70, G = 2, dc = 3;  // n > one block of rows
+    std::vector<float> M(size_t(r) * r), c(size_t(n) * r), wk(size_t(r) * G * dc);
+    for (float& x : M) x = float(rng.normal());
+    for (float& x : c) x = float(rng.normal()) * 1e3f;  // wide terms: the order shows in bits
+    for (float& x : wk) x = float(rng.normal());
+    for (const impl::SumOrder o :
+         {impl::SumOrder{false, 1, 1}, impl::SumOrder{true, 1, 1}, impl::SumOrder{false, 2, 1},
+          impl::SumOrder{true, 3, 1}, impl::SumOrder{false, 8, 1}, impl::SumOrder{true, 40, 1},
+          impl::SumOrder{false, 1, 2}}) {
+      CAPTURE(r);
+      CAPTURE(o.lanes);
+      CAPTURE(o.reverse);
+      const impl::SumOrder saved = std::exchange(impl::sum_order(), o);
+      const std::vector<float> got = impl::gram_quads(M.data(), c.data(), n, r);
+      for (int t = 0; t < n; ++t) {
+        const float* ct = c.data() + size_t(t) * r;
+        const float want = impl::ordered_sum<float>(
+            r * r, [&](int m) { return (ct[m / r] * M[size_t(m)]) * ct[m % r]; });
+        CHECK(bits(got[size_t(t)]) == bits(want));
+      }
+      const std::vector<float> gram = impl::gram_of(wk, r, G, dc);
+      for (int g = 0; g < G; ++g)
+        for (int i = 0; i < r; ++i)
+          for (int j = 0; j < r; ++j) {
+            const float want = impl::ordered_sum<float>(dc, [&](int d) {
+              return wk[size_t(i * G * dc + g * dc + d)] * wk[size_t(j * G * dc + g * dc + d)];
+            });
+            CHECK(bits(gram[size_t((g * r + i) * r + j)]) == bits(want));
+          }
+      impl::sum_order() = saved;
+    }
   }
 }

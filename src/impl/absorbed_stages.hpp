@@ -13,26 +13,57 @@
 
 namespace qkmla::impl {
 
-// The Gram matrices WK_g WK_g^T of the groups, [G, r, r] in Acc, each entry one sequential sum
-// over d_c.
+// The Gram matrices WK_g WK_g^T of the groups, [G, r, r] in Acc, each entry one sum over d_c in
+// the current order: entry (i, j) is ordered_sum over d of wk[i, g, d] * wk[j, g, d], computed for
+// a whole row i at once (ordered_accumulate: each output's own terms in that order, across j).
 template <class Acc>
 std::vector<Acc> gram_of(const std::vector<Acc>& wk, int r, int G, int dc) {
-  std::vector<Acc> out(size_t(G) * r * r);
-  for (int g = 0; g < G; ++g)
+  std::vector<Acc> out(size_t(G) * r * r), wt(size_t(dc) * r);  // wt: WK_g transposed, [d_c, r]
+  const auto at = [&](int i, int g, int d) { return wk[size_t(i) * G * dc + size_t(g) * dc + d]; };
+  for (int g = 0; g < G; ++g) {
+    for (int d = 0; d < dc; ++d)
+      for (int j = 0; j < r; ++j) wt[size_t(d) * r + j] = at(j, g, d);
     for (int i = 0; i < r; ++i)
-      for (int j = 0; j < r; ++j)
-        out[(size_t(g) * r + i) * r + j] = ordered_sum<Acc>(dc, [&](int d) {
-          return wk[size_t(i) * G * dc + g * dc + d] * wk[size_t(j) * G * dc + g * dc + d];
-        });
+      ordered_accumulate<Acc>(
+          dc, r, [&](int64_t d) { return at(i, g, int(d)); },
+          [&](int64_t d) { return wt.data() + size_t(d) * r; },
+          out.data() + (size_t(g) * r + i) * r);
+  }
   return out;
 }
 
-// c^T M c for one [r, r] matrix, as a three-operand einsum evaluates it: one sum over the r^2
-// terms (c_i M_ij) c_j in the current order. The flat sum is the less accurate of the usual orders
-// (the nested sum_i c_i (M c)_i has shorter sums), and a yardstick wants the least accurate.
+// c^T M c for the rows of c ([n, r]), each as a three-operand einsum evaluates it: one sum over
+// the r^2 terms (c_i M_ij) c_j, n = i r + j, in the current order (ordered_sum's lanes and
+// direction). The flat sum is the less accurate of the usual orders (the nested sum_i c_i (M c)_i
+// has shorter sums), and a yardstick wants the least accurate. Every row's sum is sequential; the
+// loops run across rows (a block of them transposed) so that they vectorize.
 template <class Acc>
-Acc gram_quad(const Acc* M, const Acc* c, int r) {
-  return ordered_sum<Acc>(r * r, [&](int n) { return (c[n / r] * M[n]) * c[n % r]; });
+std::vector<Acc> gram_quads(const Acc* M, const Acc* c, int64_t n, int r) {
+  constexpr int64_t kBlock = 64;
+  const SumOrder o = forward_order() ? SumOrder{} : sum_order();
+  const int64_t terms = int64_t(r) * r, step = o.reverse ? -1 : 1;
+  std::vector<Acc> out(size_t(n), Acc(0)), ct(size_t(r) * kBlock), s(kBlock);
+  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+    const int64_t w = std::min(kBlock, n - t0);
+    for (int i = 0; i < r; ++i)  // ct[i, t] = c[t0 + t, i]
+      for (int64_t t = 0; t < w; ++t) ct[size_t(i) * kBlock + t] = c[(t0 + t) * r + i];
+    for (int lane = 0; lane < o.lanes && lane < terms; ++lane) {
+      std::fill(s.begin(), s.end(), Acc(0));
+      const int64_t first = o.reverse ? terms - 1 - lane : lane;
+      int64_t i = first / r, j = first % r;
+      for (int64_t k = lane; k < terms; k += o.lanes) {
+        const Acc m = M[i * r + j];
+        const Acc* ci = ct.data() + i * kBlock;
+        const Acc* cj = ct.data() + j * kBlock;
+        for (int64_t t = 0; t < w; ++t) s[size_t(t)] += (ci[t] * m) * cj[t];
+        j += step * o.lanes;  // this lane's next term: o.lanes on, row by row
+        while (j >= r) j -= r, ++i;
+        while (j < 0) j += r, --i;
+      }
+      for (int64_t t = 0; t < w; ++t) out[size_t(t0 + t)] += s[size_t(t)];
+    }
+  }
+  return out;
 }
 
 // A.3: the content key c[t] . WK_g is formed transiently in Acc for its statistic only; the rope
@@ -54,6 +85,11 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       none ? std::vector<Acc>{} : to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
   lc.c = latent_rows<Acc>(k, b, T);
+  std::vector<Acc> quads;  // [G, T]: the Gram-form content statistics
+  for (int g = 0; gram && g < G; ++g) {
+    const std::vector<Acc> q = gram_quads(gram->data() + size_t(g) * r * r, lc.c.data(), T, r);
+    quads.insert(quads.end(), q.begin(), q.end());
+  }
   std::vector<Acc> keys;  // [block, G*d_c]: a block of tokens' keys, used for their statistics
   for (int64_t t = 0; t < T; ++t) {
     const int64_t t0 = t - t % kProjectTokens;  // the block of t, projected as t enters it
@@ -73,8 +109,7 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
       for (int g = 0; g < G; ++g) {
         const Acc* kg = &keys[size_t((t - t0) * G * dc + g * dc)];
-        Acc ss = gram ? gram_quad(gram->data() + size_t(g) * r * r, lc.c.data() + t * r, r)
-                      : dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
+        Acc ss = gram ? quads[size_t(g) * T + t] : dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
         int n = dc;
         if (p.key_stat_from_latent) ss = sum_sq(lc.c.data() + t * r, r), n = r;
         if (joint) ss += rope_ss, n += dr;
@@ -175,8 +210,9 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
     }
   }
   q.q_latent.resize(size_t(r));
-  for (int l = 0; l < r; ++l)
-    q.q_latent[size_t(l)] = dot(w.data(), W->data() + int64_t(l) * G * dc + g * dc, dc);
+  std::vector<const Acc*> rows(static_cast<size_t>(r));  // row l of WK_g: W[l, g*d_c : (g+1)*d_c]
+  for (int l = 0; l < r; ++l) rows[size_t(l)] = W->data() + int64_t(l) * G * dc + g * dc;
+  ordered_dots(w.data(), rows.data(), r, dc, q.q_latent.data());
   // Folded and normalized-first queries carry alpha_q themselves; in unified mode alpha_q scales
   // the whole score, so the query rope part carries it as well.
   const bool folded = v == Variant::AlphaQFolded, carries = folded || v == Variant::QNormedFirst;

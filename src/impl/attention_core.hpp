@@ -3,6 +3,7 @@
 // rounded), then sum_t p_t * value_t in token order (E.5-E.7, A.4-A.5). One function, so the forms
 // differ only in what they score and what they average.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -179,8 +180,20 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCa
                   const RowRounding& rr, std::vector<Acc>& lat) {
   const int r = cf.latent_rank, dr = cf.d_r, G = cf.groups;
   const bool unified = cf.norm == NormMode::Unified;
+  // The latent scores of the row's tokens, formed together (ordered_dots: each the dot in the
+  // current order); the bf16-partial-sum mutant forms its own.
+  std::vector<Acc> scores(  // [T], by token (a sparse row's tokens need not be sorted)
+      tokens.empty() ? 0 : size_t(*std::max_element(tokens.begin(), tokens.end()) + 1));
+  if (!pt.score_lowp && !tokens.empty()) {
+    std::vector<const Acc*> rows;
+    for (int64_t t : tokens) rows.push_back(cache.c.data() + t * r);
+    std::vector<Acc> s(tokens.size());
+    ordered_dots(q.q_latent.data(), rows.data(), int64_t(rows.size()), r, s.data());
+    for (size_t n = 0; n < tokens.size(); ++n) scores[size_t(tokens[n])] = s[n];
+  }
   auto logit = [&](int64_t t) {
-    Acc latent = dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, pt.score_lowp);
+    Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, true)
+                               : scores[size_t(t)];
     Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:

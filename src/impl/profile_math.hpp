@@ -142,6 +142,35 @@ Acc dot(const Acc* a, const Acc* b, int n) {
   return ordered_sum<Acc>(n, [&](int j) { return a[j] * b[j]; });
 }
 
+// out[u] = dot(a, rows[u], n) for u < m, each in the current order: the same terms added in the
+// same order, bit for bit (a sum of one lane in order is that sum, as in the forward order; only
+// the sign of an exact zero can differ from ordered_sum's `0 + s`). Eight rows at a time, so that
+// their sums, each sequential, run side by side: one dot alone waits on its adds' latency.
+template <class Acc>
+void ordered_dots(const Acc* a, const Acc* const* rows, int64_t m, int n, Acc* out) {
+  constexpr int U = 8;
+  int64_t u0 = 0;
+  if constexpr (std::is_floating_point_v<Acc>) {
+    const SumOrder o = forward_order() ? SumOrder{} : sum_order();
+    for (; u0 + U <= m; u0 += U) {
+      const Acc* p[U];
+      for (int u = 0; u < U; ++u) p[u] = rows[u0 + u];
+      Acc total[U] = {};
+      for (int lane = 0; lane < o.lanes; ++lane) {
+        Acc s[U] = {};
+        for (int k = lane; k < n; k += o.lanes) {
+          const int j = o.reverse ? n - 1 - k : k;
+          const Acc x = a[j];
+          for (int u = 0; u < U; ++u) s[u] += x * p[u][j];
+        }
+        for (int u = 0; u < U; ++u) total[u] = o.lanes == 1 ? s[u] : total[u] + s[u];
+      }
+      for (int u = 0; u < U; ++u) out[u0 + u] = total[u];
+    }
+  }
+  for (; u0 < m; ++u0) out[u0] = dot(a, rows[u0], n);
+}
+
 // dot(a, b) with every partial sum rounded to bf16 when `lowp` (the *_lowp mutants' accumulation).
 template <class Acc>
 Acc dot_maybe_lowp(const Acc* a, const Acc* b, int n, bool lowp) {
