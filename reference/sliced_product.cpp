@@ -106,10 +106,21 @@ std::vector<int> row_spans(const double* A, int64_t lda, int64_t m, int64_t n) {
   return spans;
 }
 
+// bits_of for every column, read row by row (a column's stride would miss the cache on every
+// element of a large B); min and max do not depend on the order.
 std::vector<int> col_spans(const double* B, int64_t ldb, int64_t n, int64_t k) {
-  std::vector<int> spans{};
-  spans.resize(size_t(k));
-  for (int64_t j = 0; j < k; ++j) spans[size_t(j)] = bits_of(B + j, n, ldb).span;
+  std::vector<int> top(size_t(k), std::numeric_limits<int>::min()),
+      low(size_t(k), std::numeric_limits<int>::max()), spans(size_t(k), 0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const double v = B[i * ldb + j];
+      if (v == 0) continue;
+      top[size_t(j)] = std::max(top[size_t(j)], top_exponent(v));
+      low[size_t(j)] = std::min(low[size_t(j)], trailing_exponent(v));
+    }
+  for (int64_t j = 0; j < k; ++j)
+    if (low[size_t(j)] != std::numeric_limits<int>::max())
+      spans[size_t(j)] = top[size_t(j)] - low[size_t(j)];
   return spans;
 }
 

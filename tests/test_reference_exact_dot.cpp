@@ -270,3 +270,25 @@ TEST_CASE("reference.mp.add_d_and_mul_d_round_as_mpfr") {
   }
   CHECK(inexact > 100);  // many sums round: the cases can tell one rounding from another
 }
+
+// col_spans reads B row by row; a column's span must equal row_spans of the transpose, with
+// zeros, subnormals and an all-zero column among the values.
+TEST_CASE("reference.sliced_product.col_spans_equal_transposed_row_spans") {
+  const uint64_t seed = test::seed(70051);
+  CAPTURE(seed);
+  Rng rng(seed);
+  const int64_t n = 37, k = 11;
+  std::vector<double> B(size_t(n * k)), Bt(size_t(n * k));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const double u = rng.normal();
+      double v = j == 3 ? 0.0 : std::ldexp(u, int(std::fabs(u) * 40) - 20);
+      if ((i + j) % 7 == 0) v = 0;
+      if (j == 5 && i == 2) v = 4.9e-324 * 6;  // a subnormal
+      B[size_t(i * k + j)] = v, Bt[size_t(j * n + i)] = v;
+    }
+  const std::vector<int> cols = ref::col_spans(B.data(), k, n, k);
+  CHECK(cols == ref::row_spans(Bt.data(), n, k, n));
+  CHECK(cols[3] == 0);
+  CHECK(cols[5] > 1000);
+}

@@ -107,7 +107,8 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
                                              const std::vector<double>& lse_floor, double floor,
                                              double k, double projection_k, DType A) {
   std::vector<StructureCheck> out;
-  const std::vector<double> v = structure_values(structure_of(x, y, mask, lse_floor));
+  const Structure st = structure_of(x, y, mask, lse_floor);
+  const std::vector<double> v = structure_values(st);
   // The floors: u/16 for a unit's rel_l2; a projection averages its roundings, u/16 / sqrt(n) over
   // n values (the tensor's, or a row's), or a bf16 floor would hide a whole-tensor bias of 2e-4.
   int64_t n = 0;
@@ -129,6 +130,14 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
                          ? std::max(common, floor / std::sqrt(double(std::max<int64_t>(n, 1))))
                          : floor;
     StructureCheck c{stat, v[i], top, v[i] / std::max(top, f), true};
+    if (stat == "seq_shift") {  // sequence by sequence, against the samples' means and noise
+      const std::vector<double> allow = ys.seq_allowance(t);
+      c.ratio = 0;
+      for (size_t b = 0; b < st.seq_mean.size(); ++b) {
+        const double a = std::max(b < allow.size() ? allow[b] : 0.0, f);
+        if (st.seq_mean[b] / a > c.ratio) c.ratio = st.seq_mean[b] / a, c.yardstick = a;
+      }
+    }
     c.pass = c.ratio <= (projection ? std::max(k, projection_k) : k);
     out.push_back(c);
   }

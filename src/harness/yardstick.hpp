@@ -79,6 +79,9 @@ struct Yardstick {
   // max over every sample of structure statistic `stat` (an index into structure_names()); NaN
   // when none.
   double structure_max(const std::string& t, size_t stat) const;
+  // lse's seq_shift allowance per sequence: max over every sample of max(seq_mean, seq_noise)
+  // (metrics/structure.hpp); empty when no sample has them.
+  std::vector<double> seq_allowance(const std::string& t) const;
 };
 
 // The design a registered implementation implements: conventions §3's rounding points for its form

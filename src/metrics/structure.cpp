@@ -41,18 +41,26 @@ struct Sums {
   }
 };
 
-// max over sequences of |mean of (x - y)| over the sequence's judged elements (per_seq each).
-double seq_shift(const Tensor& x, const Tensor& y, const std::vector<bool>& mask, int64_t per_seq) {
-  double worst = 0;
-  for (int64_t b = 0; per_seq > 0 && b < y.shape[0]; ++b) {
-    long double sum = 0;
+// Per sequence (per_seq elements each): |mean of (x - y)| and RMS(x - y) / sqrt(n) over the
+// judged elements, into s.seq_mean and s.seq_noise; seq_shift is the largest mean.
+void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask, int64_t per_seq,
+               Structure& s) {
+  const int64_t B = per_seq > 0 ? y.shape[0] : 0;
+  s.seq_mean.assign(size_t(B), 0.0), s.seq_noise.assign(size_t(B), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    long double sum = 0, sq = 0;
     int64_t n = 0;
     for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i)
-      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(x[i]) && std::isfinite(y[i]))
-        sum += (long double)x[i] - y[i], ++n;
-    if (n) worst = std::max(worst, double(std::fabs(sum / n)));
+      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(x[i]) && std::isfinite(y[i])) {
+        const long double e = (long double)x[i] - y[i];
+        sum += e, sq += e * e, ++n;
+      }
+    if (!n) continue;
+    s.seq_mean[size_t(b)] = double(std::fabs(sum / n));
+    s.seq_noise[size_t(b)] = double(std::sqrt(sq / n) / std::sqrt((long double)n));
   }
-  return worst;
+  s.seq_shift = 0;
+  for (double m : s.seq_mean) s.seq_shift = std::max(s.seq_shift, m);
 }
 
 }  // namespace
@@ -107,7 +115,8 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   } else {
     s.row_bias = nan;
   }
-  s.seq_shift = rank == 3 ? seq_shift(x, y, mask, per_seq) : nan;
+  s.seq_shift = nan;
+  if (rank == 3) seq_means(x, y, mask, per_seq, s);
   return s;
 }
 

@@ -30,6 +30,13 @@ struct Structure {
   // an offset (log T) that would dilute it; rounding noise alone moves it (Jensen: noise in the
   // logits raises log-sum-exp by ~var/2), which the yardstick's samples carry too.
   double seq_shift = 0;
+  // lse only, per sequence (empty otherwise; 0 where a sequence has no judged row): |mean of
+  // (x - y)| (seq_shift is their max) and the RMS of (x - y) over sqrt(n), what the mean of n
+  // independent roundings of that size reaches. The second makes a yardstick of a correct
+  // sample's noise level rather than of its one realization of the mean: samples of one design
+  // share their roundings, and another correct implementation's mean, an independent draw, was
+  // 3.6x theirs (zoo seed 78503, fp8, a one-token sequence of 16 heads).
+  std::vector<double> seq_mean, seq_noise;
 };
 
 // The statistics' names, in the order `structure_values` returns them.
