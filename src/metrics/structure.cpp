@@ -41,23 +41,35 @@ struct Sums {
   }
 };
 
-// Per sequence (per_seq elements each): |mean of (x - y)| and RMS(x - y) / sqrt(n) over the
-// judged elements, into s.seq_mean and s.seq_noise; seq_shift is the largest mean.
-void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask, int64_t per_seq,
-               Structure& s) {
+// Per sequence (per_seq elements each), two entries: over its rows that see more than one token
+// (lse_floor 1, or no floor given) |mean of (x - y)| and RMS(x - y) / sqrt(n); over its one-token
+// rows (floor 0: lse is that token's logit, its error relative) the projection
+// |<x - y, y>| / <y, y> and sqrt(sum (x - y)^2 y^2) / <y, y>, the same noise level weighted as the
+// projection weighs. seq_shift is the largest first value of any entry.
+void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
+               const std::vector<double>& lse_floor, int64_t per_seq, Structure& s) {
   const int64_t B = per_seq > 0 ? y.shape[0] : 0;
-  s.seq_mean.assign(size_t(B), 0.0), s.seq_noise.assign(size_t(B), 0.0);
+  s.seq_mean.assign(size_t(2 * B), 0.0), s.seq_noise.assign(size_t(2 * B), 0.0);
   for (int64_t b = 0; b < B; ++b) {
-    long double sum = 0, sq = 0;
+    long double sum = 0, sq = 0, ey = 0, yy = 0, eeyy = 0;
     int64_t n = 0;
-    for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i)
-      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(x[i]) && std::isfinite(y[i])) {
-        const long double e = (long double)x[i] - y[i];
+    for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i) {
+      if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
+        continue;
+      const long double e = (long double)x[i] - y[i], v = y[i];
+      if (lse_floor.empty() || lse_floor[size_t(i)] > 0)
         sum += e, sq += e * e, ++n;
-      }
-    if (!n) continue;
-    s.seq_mean[size_t(b)] = double(std::fabs(sum / n));
-    s.seq_noise[size_t(b)] = double(std::sqrt(sq / n) / std::sqrt((long double)n));
+      else
+        ey += e * v, yy += v * v, eeyy += e * e * v * v;
+    }
+    if (n) {
+      s.seq_mean[size_t(2 * b)] = double(std::fabs(sum / n));
+      s.seq_noise[size_t(2 * b)] = double(std::sqrt(sq / n) / std::sqrt((long double)n));
+    }
+    if (yy > 0) {
+      s.seq_mean[size_t(2 * b + 1)] = double(std::fabs(ey / yy));
+      s.seq_noise[size_t(2 * b + 1)] = double(std::sqrt(eeyy) / yy);
+    }
   }
   s.seq_shift = 0;
   for (double m : s.seq_mean) s.seq_shift = std::max(s.seq_shift, m);
@@ -116,7 +128,7 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
     s.row_bias = nan;
   }
   s.seq_shift = nan;
-  if (rank == 3) seq_means(x, y, mask, per_seq, s);
+  if (rank == 3) seq_means(x, y, mask, lse_floor, per_seq, s);
   return s;
 }
 

@@ -25,14 +25,19 @@ struct Structure {
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
   // lse (rank 3) only, NaN otherwise: max over sequences of |mean over the sequence's rows of
-  // (x - y)|, in nats (lse's error is the relative error of the softmax's sum). A logit scale or
-  // offset in one sequence moves all its rows one way. Not a projection on y: lse's values share
-  // an offset (log T) that would dilute it; rounding noise alone moves it (Jensen: noise in the
-  // logits raises log-sum-exp by ~var/2), which the yardstick's samples carry too.
+  // (x - y)|, in nats (lse's error is the relative error of the softmax's sum), and of the
+  // projection of its one-token rows (below). A logit scale or offset in one sequence moves all
+  // its rows one way. Not a projection on y: lse's values share an offset (log T) that would
+  // dilute it; rounding noise alone moves it (Jensen: noise in the logits raises log-sum-exp by
+  // ~var/2), which the yardstick's samples carry too.
   double seq_shift = 0;
-  // lse only, per sequence (empty otherwise; 0 where a sequence has no judged row): |mean of
-  // (x - y)| (seq_shift is their max) and the RMS of (x - y) over sqrt(n), what the mean of n
-  // independent roundings of that size reaches. The second makes a yardstick of a correct
+  // lse only, two entries per sequence (empty otherwise; 0 where there is nothing to measure):
+  // over the rows that see more than one token, |mean of (x - y)| and the RMS of (x - y) over
+  // sqrt(n), what the mean of n independent roundings of that size reaches; over the one-token
+  // rows (lse_floor 0: lse is a logit, whose errors are relative and have no log T offset), the
+  // projection |<x - y, y>| / <y, y> and its noise level sqrt(sum (x - y)^2 y^2) / <y, y> (a
+  // logit scale in a one-token sequence cancels in a mean of logits of both signs: zoo 78551).
+  // seq_shift is the largest first value. The noise level makes a yardstick of a correct
   // sample's noise level rather than of its one realization of the mean: samples of one design
   // share their roundings, and another correct implementation's mean, an independent draw, was
   // 3.6x theirs (zoo seed 78503, fp8, a one-token sequence of 16 heads).
