@@ -134,8 +134,9 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
       const std::vector<double> allow = ys.seq_allowance(t);
       c.ratio = 0;
       for (size_t b = 0; b < st.seq_mean.size(); ++b) {
-        const double a = std::max(b < allow.size() ? allow[b] : 0.0, f);
-        if (st.seq_mean[b] / a > c.ratio) c.ratio = st.seq_mean[b] / a, c.yardstick = a;
+        const double a = std::max({b < allow.size() ? allow[b] : 0.0, f, common * st.seq_scale[b]});
+        if (st.seq_mean[b] / a > c.ratio)  // the worst entry: its value, allowance and ratio
+          c.ratio = st.seq_mean[b] / a, c.yardstick = a, c.value = st.seq_mean[b];
       }
     }
     c.pass = c.ratio <= (projection ? std::max(k, projection_k) : k);

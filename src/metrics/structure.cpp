@@ -50,21 +50,23 @@ void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
                const std::vector<double>& lse_floor, int64_t per_seq, Structure& s) {
   const int64_t B = per_seq > 0 ? y.shape[0] : 0;
   s.seq_mean.assign(size_t(2 * B), 0.0), s.seq_noise.assign(size_t(2 * B), 0.0);
+  s.seq_scale.assign(size_t(2 * B), 1.0);
   for (int64_t b = 0; b < B; ++b) {
-    long double sum = 0, sq = 0, ey = 0, yy = 0, eeyy = 0;
+    long double sum = 0, sq = 0, ysq = 0, ey = 0, yy = 0, eeyy = 0;
     int64_t n = 0;
     for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i) {
       if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
         continue;
       const long double e = (long double)x[i] - y[i], v = y[i];
       if (lse_floor.empty() || lse_floor[size_t(i)] > 0)
-        sum += e, sq += e * e, ++n;
+        sum += e, sq += e * e, ysq += v * v, ++n;
       else
         ey += e * v, yy += v * v, eeyy += e * e * v * v;
     }
     if (n) {
       s.seq_mean[size_t(2 * b)] = double(std::fabs(sum / n));
       s.seq_noise[size_t(2 * b)] = double(std::sqrt(sq / n) / std::sqrt((long double)n));
+      s.seq_scale[size_t(2 * b)] = double(std::sqrt(ysq / n));
     }
     if (yy > 0) {
       s.seq_mean[size_t(2 * b + 1)] = double(std::fabs(ey / yy));

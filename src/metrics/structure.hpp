@@ -42,6 +42,12 @@ struct Structure {
   // share their roundings, and another correct implementation's mean, an independent draw, was
   // 3.6x theirs (zoo seed 78503, fp8, a one-token sequence of 16 heads).
   std::vector<double> seq_mean, seq_noise;
+  // Per entry, the size of the reference it measures: RMS of y over a mean's rows, 1 for a
+  // projection (already relative). A floor scales with it: a kernel's rounded constants (log2 e,
+  // the scale times log2 e, ln 2 back from base 2) move every logit, and so lse, by a relative
+  // ulp or two one way (zoo seed 79014, FlashMLA-style kernel, fp32 lse near 200: a mean of
+  // 2.2e-5, 1.7 ulp).
+  std::vector<double> seq_scale;
 };
 
 // The statistics' names, in the order `structure_values` returns them.
