@@ -225,6 +225,33 @@ TEST_CASE("audit.structure.lse_seq_shift_catches_one_sequence_scale") {
   }
 }
 
+// A one-token sequence's lse is its logit: a 1.5 % softmax scale there moves each head's lse by
+// 1.5 % of its logit, which cancels in a mean over heads whose logits have both signs (zoo 78551:
+// seq_shift 0.27x as a mean); its one-token rows are measured by their projection instead.
+TEST_CASE("audit.structure.lse_seq_shift_one_token_sequence") {
+  const uint64_t seed = test::seed(70033);
+  CAPTURE(seed);
+  const MlaConfig c =
+      test::tiny_config(Profile::BF16, {1, 30, 40}, 1, NormMode::Blockwise, seed, "paper-g8");
+  const CaseFile cf = golden_of(c);
+  const Design d = spec_design(c.profile, Form::Absorbed);
+  const std::map<std::string, Tensor> good = run_design(cf, d);
+  REQUIRE(audit(cf, good).pass());
+  CaseFile scaled = cf;
+  scaled.k.cfg.softmax_scale *= 1.015;
+  const Tensor wrong = run_design(scaled, d).at("lse");  // [B, S_q, H]
+  Tensor lse = good.at("lse");
+  const int64_t per_seq = lse.numel() / lse.shape[0];
+  int positive = 0;
+  for (int64_t i = 0; i < per_seq; ++i) lse[i] = wrong[i], positive += good.at("lse")[i] > 0;
+  MESSAGE("one-token lse > 0 in " << positive << " of " << per_seq << " heads");
+  const AuditResult r = audit(cf, {{"lse", lse}});
+  for (const StructureCheck& s : tensor(r, "lse").structure)
+    MESSAGE("lse " << s.stat << " " << s.ratio << "x");
+  CHECK_FALSE(r.pass());
+  CHECK(tensor(r, "lse").j.v.first_metric == "seq_shift");
+}
+
 // A row that sees one token has lse = that token's logit, which every correct implementation
 // computes to a relative accuracy (log 1 = 0 exactly). Measured against max(|lse|, 1), relative
 // errors at logits near 0.01 (zoo seed 69528: alpha_k taken from the latent, 5e-6; a split

@@ -73,6 +73,15 @@ TEST_CASE("metrics.structure.definitions") {
   // A one-token row (floor 0) is measured relatively: 0.5 at 0.1 is 5.
   s = structure_of(lx, ly, {}, {0.0, 1.0, 1.0, 1.0});
   CHECK(s.worst_row == doctest::Approx(5.0));
+  // seq_shift: sequence 0's one-token row is a projection entry, 0.5 x 0.1 / 0.1^2 = 5; its other
+  // row is exact. Entries: (mean, projection) per sequence; the mean's scale is its rows' RMS.
+  REQUIRE(s.seq_mean.size() == 4);
+  CHECK(s.seq_mean[1] == doctest::Approx(5.0));
+  CHECK(s.seq_noise[1] == doctest::Approx(5.0));  // one value: its noise level is itself
+  CHECK(s.seq_mean[0] == 0.0);
+  CHECK(s.seq_scale[0] == doctest::Approx(3.0));
+  CHECK(s.seq_scale[1] == 1.0);
+  CHECK(s.seq_shift == doctest::Approx(5.0));
   // Two one-token values, errors 0.5 and 0 at 0.1 and 3: one unit, 0.5 / sqrt(9.01).
   s = structure_of(lx, ly, {}, {0.0, 0.0, 1.0, 1.0});
   CHECK(s.worst_row == doctest::Approx(0.5 / std::sqrt(9.01)));
