@@ -333,6 +333,13 @@ std::vector<double> Yardstick::seq_allowance(const std::string& t) const {
   return a;
 }
 
+double Yardstick::bias_noise_max(const std::string& t) const {
+  double worst = 0;
+  for (const Sample& s : samples)
+    if (s.structure.count(t)) worst = std::max(worst, s.structure.at(t).bias_noise);
+  return worst;
+}
+
 double Yardstick::structure_max(const std::string& t, size_t stat) const {
   double worst = std::nan("");
   for (const Sample& s : samples) {

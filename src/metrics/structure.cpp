@@ -126,6 +126,9 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
     for (size_t u = 0; u < row.yy.size(); ++u)
       if (row.yy[u] > 0) sq += (row.ey[u] / row.yy[u]) * (row.ey[u] / row.yy[u]), ++n;
     s.row_bias = n ? double(std::sqrt(sq / n)) : 0.0;
+    long double rows_sq = 0;  // the rows' <e, y> as independent draws
+    for (size_t u = 0; u < row.ey.size(); ++u) rows_sq += row.ey[u] * row.ey[u];
+    s.bias_noise = all.yy[0] > 0 ? double(std::sqrt(rows_sq) / all.yy[0]) : 0.0;
   } else {
     s.row_bias = nan;
   }

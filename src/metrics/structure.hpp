@@ -24,6 +24,12 @@ struct Structure {
   // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
+  // What bias reaches when the rows' <x - y, y> are independent draws of their size:
+  // sqrt(sum over rows of <x - y, y>_row^2) / <y, y>. A correct sample's bias is one draw (its
+  // roundings shared with the other samples of its design), and another correct implementation's
+  // was 5.3x it (zoo seed 79367: fp8, 5 tokens, so the rows' errors are few P errors times whole
+  // cache rows); the yardstick takes the larger of the two (not a statistic: NaN-free, 0 for lse).
+  double bias_noise = 0;
   // lse (rank 3) only, NaN otherwise: max over sequences of |mean over the sequence's rows of
   // (x - y)|, in nats (lse's error is the relative error of the softmax's sum), and of the
   // projection of its one-token rows (below). A logit scale or offset in one sequence moves all
