@@ -49,14 +49,17 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.worst_row == doctest::Approx(0.1));                  // row (0, 0, 1)
   CHECK(s.worst_head == doctest::Approx(0.1 / std::sqrt(5)));  // head 1: 0.1 over |y| = sqrt(5)
   CHECK(s.worst_seq == doctest::Approx(0.1 / std::sqrt(2)));
-  CHECK(s.bias == doctest::Approx(0.1 / 10));     // <e, y> / <y, y> = 0.1 / 10
-  CHECK(s.row_bias == doctest::Approx(0.1 / 2));  // rows' projections: 0, .1, 0, 0
-  CHECK(std::isnan(s.seq_shift));                 // lse only
+  CHECK(s.bias == doctest::Approx(0.1 / 10));        // <e, y> / <y, y> = 0.1 / 10
+  CHECK(s.row_bias == doctest::Approx(0.1 / 2));     // rows' projections: 0, .1, 0, 0
+  CHECK(std::isnan(s.seq_shift));                    // lse only
+  CHECK(s.bias_noise == doctest::Approx(0.1 / 10));  // one row's <e, y> = 0.1, over <y, y>
   x.data = y.data;  // a 1 % scale everywhere: every projection is -0.01
   for (double& v : x.data) v *= 0.99;
   s = structure_of(x, y, {});
   CHECK(s.bias == doctest::Approx(0.01));
   CHECK(s.row_bias == doctest::Approx(0.01));
+  // rows' <e, y>: -0.01, -0.01, -0.04, -0.04 (<y, y> 1, 1, 4, 4), as independent draws
+  CHECK(s.bias_noise == doctest::Approx(std::sqrt(0.0034) / 10));
   // lse: one row wrong by 0.5 at |lse| = 0.1: measured against max(|y|, 1), so 0.5.
   Tensor ly(DType::F64, {2, 1, 2}), lx(DType::F32, {2, 1, 2});
   ly.data = {0.1, 3.0, -INFINITY, 8.0};
