@@ -133,14 +133,24 @@ Case generate_case(const MlaConfig& cfg_in) {
   fill(k.tensors["w_uv"], rng, 1.0 / std::sqrt(double(cfg.latent_rank)));
   for (const char* g : {"gamma_cq", "gamma_ck", "gamma_rq", "gamma_rk", "gamma_q", "gamma_k"})
     if (k.tensors.count(g)) fill_gain(k.tensors[g], rng, draw.gain_mean);
+  // A channel drawn twice is scaled once: twice made it 1e4x, and an fp16 q_nope of seed 80108
+  // (tiny-nope, outliers) overflowed to inf, a case every audit refused. The draws are unchanged.
+  std::vector<int64_t> kv_chosen, q_chosen;
+  auto first_time = [](std::vector<int64_t>& seen, int64_t ch) {
+    if (std::find(seen.begin(), seen.end(), ch) != seen.end()) return false;
+    seen.push_back(ch);
+    return true;
+  };
   for (int o = 0; o < draw.outlier_channels; ++o) {
     const int64_t ch = int64_t(rng.below(uint64_t(cfg.latent_rank)));
     Tensor& c = k.tensors["kv_c"];
-    for (int64_t row = 0; row < c.numel() / cfg.latent_rank; ++row)
-      c[row * cfg.latent_rank + ch] *= 100.0;
+    if (first_time(kv_chosen, ch))
+      for (int64_t row = 0; row < c.numel() / cfg.latent_rank; ++row)
+        c[row * cfg.latent_rank + ch] *= 100.0;
     const int64_t qch = int64_t(rng.below(uint64_t(cfg.d_c)));
     Tensor& q = k.tensors["q_nope"];
-    for (int64_t row = 0; row < q.numel() / cfg.d_c; ++row) q[row * cfg.d_c + qch] *= 100.0;
+    if (first_time(q_chosen, qch))
+      for (int64_t row = 0; row < q.numel() / cfg.d_c; ++row) q[row * cfg.d_c + qch] *= 100.0;
   }
   for (auto& [name, t] : k.tensors) round_once(t);
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -158,6 +168,7 @@ Case generate_case(const MlaConfig& cfg_in) {
   // fp8: the bf16 cache above (the same bits as the bf16 profile's case of this seed), quantized.
   if (is_fp8(cfg.profile)) quantize_fp8_cache(k);
   attach_latent(k);
+  validate_case(k);  // a draw its stored format cannot hold (inf) is an error here, not at audit
   return k;
 }
 
