@@ -14,7 +14,7 @@ flags=$(grep -E '^CMAKE_CXX_FLAGS(_RELEASE)?:' "$build/CMakeCache.txt" | cut -d=
   echo
   echo "Made by \`bash reports/slice_gemm.sh\` at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'),"
   echo "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), CPU only, one thread,"
-  echo "compiler flags \`$flags\` plus the project's \`-mavx2\` and \`-mfma\` (Eigen's GEMM as the reference used it in session 6)."
+  echo "compiler flags \`$flags\` plus the project's \`-mavx2\` and \`-mfma\` (Eigen's GEMM, as the reference once used it)."
   echo
   echo '```'
   "$build/reference/qkmla_bench_slice_gemm" "${2:-9}"

@@ -121,11 +121,10 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
   // correctly rounded exp; a split-KV kernel's fp32 bias of u/3 was 9.5x theirs (zoo 68089).
   const double common = 2 * unit_roundoff(A);
   for (size_t i = 0; i < v.size(); ++i) {
-    const double top = structure_names()[i] == "bias"
-                           ? std::max(ys.structure_max(t, i), ys.bias_noise_max(t))
-                           : ys.structure_max(t, i);
-    if (std::isnan(v[i]) || std::isnan(top)) continue;
     const std::string& stat = structure_names()[i];
+    const double top = stat == "bias" ? std::max(ys.structure_max(t, i), ys.bias_noise_max(t))
+                                      : ys.structure_max(t, i);
+    if (std::isnan(v[i]) || std::isnan(top)) continue;
     const bool projection = stat == "bias" || stat == "row_bias" || stat == "seq_shift";
     const double f = stat == "row_bias" ? std::max(common, floor / std::sqrt(width))
                      : projection
