@@ -27,8 +27,6 @@ int64_t low_exponent(mpfr_srcptr x) { return int64_t(mpfr_get_exp(x)) - kLimbBit
 // Per-thread scratch: a product's limbs.
 thread_local std::vector<mp_limb_t> tl_product;
 
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
 // All digits but the top one into [0, 2^32), the carries moved up; the top digit keeps the sign.
 void carry(std::vector<int64_t>& d) {
   for (size_t i = 0; i + 1 < d.size(); ++i) {
@@ -83,10 +81,11 @@ void ExactSum::normalize() {
 
 namespace {
 // d[2i .. 2i+2] += the digits of limbs[i] * 2^s (s < 32: three digits per limb, the third below
-// 2^32), subtracted when Neg.
-template <bool Neg>
+// 2^32), subtracted when Neg. N > 0: the number of limbs known at compile time (the loop unrolls).
+template <bool Neg, int N = 0>
 void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
   constexpr uint64_t kLow = (uint64_t(1) << kDigitBits) - 1;
+  if constexpr (N > 0) n = N;
   for (int64_t i = 0; i < n; ++i) {
     const unsigned __int128 v = static_cast<unsigned __int128>(limbs[i]) << s;
     const auto lo = int64_t(uint64_t(v) & kLow), mid = int64_t(uint64_t(v) >> 32);
@@ -96,17 +95,38 @@ void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
     d[2 * i + 2] += Neg ? -hi : hi;
   }
 }
+
+// p[0, NA + NB) = a[0, NA) * b[0, NB): schoolbook with 128-bit partial products, for the small
+// significands of the reference's precisions (114 bits: 2 limbs, 178: 3), where mpn_mul's call
+// and size dispatch cost more than the multiplications. Each step's a_i b_j + p + carry is below
+// 2^128, so nothing overflows.
+template <int NA, int NB>
+void mul_small(mp_limb_t* p, const mp_limb_t* a, const mp_limb_t* b) {
+  for (int i = 0; i < NA + NB; ++i) p[i] = 0;
+  for (int i = 0; i < NA; ++i) {
+    mp_limb_t carry = 0;
+    for (int j = 0; j < NB; ++j) {
+      const unsigned __int128 t = static_cast<unsigned __int128>(a[i]) * b[j] + p[i + j] + carry;
+      p[i + j] = mp_limb_t(t);
+      carry = mp_limb_t(t >> 64);
+    }
+    p[i + NB] = carry;
+  }
+}
 }  // namespace
 
+template <int N>
 void ExactSum::add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg) {
-  const int64_t q = floor_div(e, kDigitBits), s = e - q * kDigitBits;  // e = 32 q + s, 0 <= s < 32
+  if constexpr (N > 0) n = N;
+  const int64_t q = e >> 5, s = e & 31;  // e = 32 q + s, 0 <= s < 32 (arithmetic shift: floor)
+  static_assert(kDigitBits == 32);
   if (digits_.empty() || q < base_ || q + 2 * n + 1 > base_ + int64_t(digits_.size()))
     if (!reserve_digits(q, q + 2 * n + 1)) return;
   int64_t* d = digits_.data() + (q - base_);
   if (neg)
-    add_shifted<true>(d, limbs, n, unsigned(s));
+    add_shifted<true, N>(d, limbs, n, unsigned(s));
   else
-    add_shifted<false>(d, limbs, n, unsigned(s));
+    add_shifted<false, N>(d, limbs, n, unsigned(s));
   if (++adds_ >= (int64_t(1) << 29)) normalize();  // |digit| < 2^29 * 2^33 = 2^62
 }
 
@@ -134,18 +154,28 @@ void ExactSum::add(mpfr_srcptr x) {
 }
 
 void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) {
-  if (!mpfr_number_p(a) || !mpfr_number_p(b)) {
-    special_ += mpfr_get_d(a, MPFR_RNDN) * mpfr_get_d(b, MPFR_RNDN);
-    return;
+  if (!mpfr_regular_p(a) || !mpfr_regular_p(b)) {
+    if (!mpfr_number_p(a) || !mpfr_number_p(b))
+      special_ += mpfr_get_d(a, MPFR_RNDN) * mpfr_get_d(b, MPFR_RNDN);
+    return;  // otherwise a zero factor
   }
-  if (mpfr_zero_p(a) || mpfr_zero_p(b)) return;
   if (limbs_of(a) < limbs_of(b)) std::swap(a, b);  // mpn_mul wants the longer operand first
   const int64_t na = limbs_of(a), nb = limbs_of(b);
+  const int64_t e = low_exponent(a) + low_exponent(b);
+  const bool neg = (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0);
+  mp_limb_t small[6];
+  if (na == 2 && nb == 2) {
+    mul_small<2, 2>(small, significand(a), significand(b));
+    return add_limbs<4>(small, 4, e, neg);
+  }
+  if (na == 3 && nb == 3) {
+    mul_small<3, 3>(small, significand(a), significand(b));
+    return add_limbs<6>(small, 6, e, neg);
+  }
   std::vector<mp_limb_t>& p = tl_product;
   p.resize(size_t(na + nb));
   mpn_mul(p.data(), significand(a), na, significand(b), nb);
-  add_limbs(p.data(), na + nb, low_exponent(a) + low_exponent(b),
-            (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
+  add_limbs(p.data(), na + nb, e, neg);
 }
 
 void ExactSum::add_product(mpfr_srcptr a, double x) {
@@ -158,10 +188,21 @@ void ExactSum::add_product(mpfr_srcptr a, double x) {
   const double m = std::frexp(std::fabs(x), &e);
   const auto limb = mp_limb_t(std::ldexp(m, 53));
   const int64_t na = limbs_of(a);
+  const int64_t low = low_exponent(a) + int64_t(e) - 53;
+  const bool neg = (mpfr_signbit(a) != 0) != (x < 0);
+  mp_limb_t small[4];
+  if (na == 2) {
+    mul_small<2, 1>(small, significand(a), &limb);
+    return add_limbs<3>(small, 3, low, neg);
+  }
+  if (na == 3) {
+    mul_small<3, 1>(small, significand(a), &limb);
+    return add_limbs<4>(small, 4, low, neg);
+  }
   std::vector<mp_limb_t>& p = tl_product;
   p.resize(size_t(na + 1));
   p[size_t(na)] = mpn_mul_1(p.data(), significand(a), na, limb);
-  add_limbs(p.data(), na + 1, low_exponent(a) + int64_t(e) - 53, (mpfr_signbit(a) != 0) != (x < 0));
+  add_limbs(p.data(), na + 1, low, neg);
 }
 
 void ExactSum::round(mpfr_ptr out) const {

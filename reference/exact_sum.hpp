@@ -32,7 +32,9 @@ class ExactSum {
   bool dropped() const { return dropped_; }
 
  private:
-  // += (integer in n little-endian limbs) * 2^e, negated when `neg`.
+  // += (integer in n little-endian limbs) * 2^e, negated when `neg`; N > 0: n == N, known at
+  // compile time.
+  template <int N = 0>
   void add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg);
   // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
   bool reserve_digits(int64_t lo, int64_t hi);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 
 #include "core/parallel.hpp"
@@ -25,11 +27,30 @@ mpfr_srcptr exact_double(double d, mpfr_prec_t prec) {
   thread_local Scratch s;
   prec = std::max<mpfr_prec_t>(prec, 53);
   if (mpfr_get_prec(s.v) != prec) mpfr_set_prec(s.v, prec);
-  mpfr_set_d(s.v, d, MPFR_RNDN);
+  set_double(s.v, d);
   return s.v;
 }
 
 }  // namespace
+
+void set_double(mpfr_ptr x, double d) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &d, sizeof bits);
+  const auto biased = int((bits >> 52) & 0x7ff);
+  const mpfr_prec_t prec = mpfr_get_prec(x);
+  if (biased == 0 || biased == 0x7ff || prec < 53) {  // zero, subnormal, inf, NaN: MPFR's way
+    mpfr_set_d(x, d, MPFR_RNDN);
+    return;
+  }
+  // d = 0.1f * 2^(biased - 1022): the 53-bit significand at the top of the top limb, every other
+  // bit zero, so the value is exact and normalized at any precision >= 53.
+  auto* sig = static_cast<mp_limb_t*>(mpfr_custom_get_significand(x));
+  const auto n = size_t((prec + 63) / 64);
+  for (size_t i = 0; i + 1 < n; ++i) sig[i] = 0;
+  sig[n - 1] = ((bits & ((uint64_t(1) << 52) - 1)) | (uint64_t(1) << 52)) << 11;
+  const int kind = (bits >> 63) != 0 ? -MPFR_REGULAR_KIND : MPFR_REGULAR_KIND;
+  mpfr_custom_init_set(x, kind, mpfr_exp_t(biased - 1022), prec, sig);  // same significand
+}
 
 void add_d(mpfr_ptr x, double d) { mpfr_add(x, x, exact_double(d, mpfr_get_prec(x)), MPFR_RNDN); }
 
@@ -49,7 +70,7 @@ PrecisionScope::~PrecisionScope() { Mp::default_precision(saved_digits10_); }
 int PrecisionScope::current_bits() { return int(mpfr_get_prec(Mp(0).backend().data())); }
 
 void set_expansion(Mp& x, std::span<const double> terms) {
-  mpfr_set_d(x.backend().data(), terms[0], MPFR_RNDN);
+  set_double(x.backend().data(), terms[0]);
   for (size_t i = 1; i < terms.size(); ++i)
     if (terms[i] != 0) add_d(x.backend().data(), terms[i]);
 }

@@ -23,6 +23,12 @@ class PrecisionScope {
   unsigned saved_digits10_;
 };
 
+// x = d, exactly (the precision is at least 53 bits here), as mpfr_set_d does, bit for bit: a
+// normal double's significand written into x's own limbs (MPFR's custom interface re-labels the
+// same storage, so x stays owned by whoever allocated it), ~4x as fast as mpfr_set_d at 114 bits;
+// other values (zero, subnormal, inf, NaN, or a precision below 53) go through mpfr_set_d.
+void set_double(mpfr_ptr x, double d);
+
 // x += d and y = x * d with the rounding of mpfr_add_d and mpfr_mul_d (one correct rounding of the
 // exact result into the destination's precision), through a per-thread scratch of the
 // destination's precision that holds d exactly: MPFR's same-precision fast paths (add1sp, mul_2)

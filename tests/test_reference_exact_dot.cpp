@@ -4,6 +4,7 @@
 #include <mpfr.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -269,6 +270,45 @@ TEST_CASE("reference.mp.add_d_and_mul_d_round_as_mpfr") {
     mpfr_clears(x, want, got, src, (mpfr_ptr) nullptr);
   }
   CHECK(inexact > 100);  // many sums round: the cases can tell one rounding from another
+}
+
+// set_double must give mpfr_set_d's bits: precisions 53 (one limb, bits below the precision),
+// 64, 114, 178 and 300, destinations holding zero, NaN or another value before, and doubles over
+// the whole range (zeros of both signs, subnormals, the largest, inf, NaN); the sign compared too.
+TEST_CASE("reference.mp.set_double_equals_mpfr_set_d") {
+  const uint64_t s = test::seed(1403);
+  CAPTURE(s);
+  Rng rng(s);
+  const double special[] = {0.0,
+                            -0.0,
+                            1.0,
+                            -1.0,
+                            0x1p-1022,
+                            0x1p-1074,
+                            -0x1.8p-1060,
+                            0x1.fffffffffffffp1023,
+                            -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
+  int checked = 0;
+  for (mpfr_prec_t prec : {53, 64, 114, 178, 300}) {
+    mpfr_t got, want;
+    mpfr_inits2(prec, got, want, (mpfr_ptr) nullptr);
+    for (int i = 0; i < 4000; ++i) {
+      CAPTURE(prec);
+      CAPTURE(i);
+      const double d = i < 10 ? special[i] : std::ldexp(rng.normal(), int(rng.below(2100)) - 1050);
+      if (i % 3 == 0) mpfr_set_nan(got);  // whatever the destination held before
+      if (i % 3 == 1) mpfr_set_zero(got, -1);
+      mpfr_set_d(want, d, MPFR_RNDN);
+      ref::set_double(got, d);
+      const bool same = (mpfr_nan_p(got) && mpfr_nan_p(want)) ||
+                        (mpfr_equal_p(got, want) && mpfr_signbit(got) == mpfr_signbit(want));
+      CHECK(same);
+      checked += same;
+    }
+    mpfr_clears(got, want, (mpfr_ptr) nullptr);
+  }
+  CHECK(checked == 5 * 4000);
 }
 
 // col_spans reads B row by row; a column's span must equal row_spans of the transpose, with

@@ -56,7 +56,7 @@ void random_sums(mpfr_prec_t P, int spread, uint64_t seed) {
     CAPTURE(trial);
     ref::ExactSum acc;
     acc.clear();
-    Mpfr exact(kExactBits), prod(kExactBits), a(P), b(P);
+    Mpfr exact(kExactBits), prod(kExactBits), a(P), b(P), other(P == 114 ? 178 : 114);
     mpfr_set_zero(exact.v, 1);
     const int n = 1 + int(rng.uniform() * 300);
     for (int i = 0; i < n; ++i) {
@@ -66,6 +66,10 @@ void random_sums(mpfr_prec_t P, int spread, uint64_t seed) {
         draw(rng, b.v, spread);
         acc.add_product(a.v, b.v);
         mpfr_mul(prod.v, a.v, b.v, MPFR_RNDN);
+      } else if (kind < 0.45) {  // P-bit times a value of another precision
+        draw(rng, other.v, spread);
+        acc.add_product(a.v, other.v);
+        mpfr_mul(prod.v, a.v, other.v, MPFR_RNDN);
       } else if (kind < 0.7) {  // P-bit times a double
         const double d = std::ldexp(rng.normal(), int(spread * (2 * rng.uniform() - 1)));
         acc.add_product(a.v, d);
