@@ -1,6 +1,7 @@
 // Host API of the GPU kernels and of their CPU model. No CUDA type appears here: the report, the
 // tests and the CLI include this header with any C++ compiler, with or without a CUDA toolkit.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,13 @@ struct GpuCase {
   std::vector<int> seqlens;         // [B]
   std::vector<float> q_nope, q_pe;  // [B, S_q, H, d_c], [B, S_q, H, d_r]
   std::vector<float> kv_c;          // [B, t_max, r]   (fp8: the e4m3 code values)
-  std::vector<float> kv_c_scale;    // [B, t_max]      (fp8 only; empty otherwise)
-  std::vector<float> k_pe;          // [B, t_max, d_r]
-  std::vector<float> w_uk, w_uv;    // [r, G*d_c], [r, G*d_v]
+  // The CPU model may read the latent cache a block of tokens at a time instead, when kv_c is
+  // empty: rows [t0, t0 + n) of sequence b, the same fp32 values, into rows [n, r]. A long context
+  // then holds no fp32 copy of the whole cache beside the model's paged one. The device needs kv_c.
+  std::function<void(int b, int t0, int n, float* rows)> kv_c_rows;
+  std::vector<float> kv_c_scale;  // [B, t_max]      (fp8 only; empty otherwise)
+  std::vector<float> k_pe;        // [B, t_max, d_r]
+  std::vector<float> w_uk, w_uv;  // [r, G*d_c], [r, G*d_v]
   std::vector<float> g_q,
       g_k;  // blockwise: gamma_cq, gamma_ck [d_c]; unified: gamma_q, gamma_k [d_c+d_r]
   std::vector<float> g_rq, g_rk;  // blockwise: gamma_rq, gamma_rk [d_r]; unified: the rope halves

@@ -150,6 +150,30 @@ TEST_CASE("gpu.model.one_split_any_plan_bit_identical") {
   }
 }
 
+TEST_CASE("gpu.model.cache_read_by_rows_bit_identical") {
+  // The model reading the latent cache 256 tokens at a time through kv_c_rows (no whole fp32 copy,
+  // as gpu.model runs) gives the bits of the dense kv_c copy: sequences cross the block boundary,
+  // one is empty; absorbed and explicit forms, bf16 and fp8 (codes with scales).
+  for (Profile p : {Profile::BF16, Profile::FP8})
+    for (bool explicit_form : {false, true}) {
+      CAPTURE(to_string(p));
+      CAPTURE(explicit_form);
+      const Case k = generate_case(
+          test::tiny_config(p, {300, 0, 517}, 2, NormMode::Blockwise, test::seed(420)));
+      const gpu::GpuCase dense = impl::to_gpu_case(k), by_rows = impl::to_gpu_case(k, true);
+      REQUIRE(by_rows.kv_c.empty());
+      REQUIRE(!dense.kv_c.empty());
+      gpu::RunOptions o;
+      o.explicit_form = explicit_form;
+      const gpu::GpuOutputs a = gpu::run_model(dense, o), b = gpu::run_model(by_rows, o);
+      CHECK(bit_equal(a.out, b.out));
+      CHECK(bit_equal(a.lse, b.lse));
+      CHECK(bit_equal(a.latent_out, b.latent_out));
+      CHECK(bit_equal(a.alpha_k, b.alpha_k));
+      CHECK(bit_equal(a.alpha_q, b.alpha_q));
+    }
+}
+
 TEST_CASE("gpu.model.closed_form.identical_keys_give_mean_of_values") {
   // Every visible token holds the same latent row and a zero rope key: all logits are equal, so
   // latent_out is that row. fp32: each split sums 64 exact products p = 1 (qk_exp(0) = 1), divides

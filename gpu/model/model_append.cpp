@@ -41,18 +41,26 @@ ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
   const bool fp8 = d.cache == Store::E4M3;
   for (int b = 0; b < d.B; ++b) {
     const int T = c.seqlens[size_t(b)];
-    const float* crows = c.kv_c.data() + size_t(b) * d.t_max * d.r;
+    // The block's latent rows [block, r]: in kv_c, or read through kv_c_rows when kv_c is empty.
+    const float* crows = nullptr;
+    std::vector<float> read;
     std::vector<float> keys, vals;  // [block, kc], [block, d_v]: projected a block of tokens at a
                                     // time (each output's sum is its own: the same values)
     for (int t = 0; t < T; ++t) {
       const int t0 = t - t % kProjectTokens;
       if (t == t0) {
         const int n = std::min(kProjectTokens, T - t0);
+        if (c.kv_c.empty()) {
+          read.resize(size_t(n) * d.r);
+          c.kv_c_rows(b, t0, n, read.data());
+          crows = read.data();
+        } else {
+          crows = c.kv_c.data() + (size_t(b) * d.t_max + size_t(t0)) * d.r;
+        }
         keys.resize(size_t(n) * kc);
-        project_rows(crows + size_t(t0) * d.r, n, d.r, wk, d.G * d.d_c, kc, keys.data());
+        project_rows(crows, n, d.r, wk, d.G * d.d_c, kc, keys.data());
         vals.resize(explicit_form ? size_t(n) * d.d_v : 0);
-        if (explicit_form)
-          project_rows(crows + size_t(t0) * d.r, n, d.r, wv, d.G * d.d_v, d.d_v, vals.data());
+        if (explicit_form) project_rows(crows, n, d.r, wv, d.G * d.d_v, d.d_v, vals.data());
       }
       const size_t bt = size_t(b) * d.t_max + size_t(t);
       const size_t slot = slot_of(mc.paging, b, t);
@@ -74,7 +82,7 @@ ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
         for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
       }
       if (!explicit_form) {
-        std::copy_n(crows + size_t(t) * d.r, d.r, mc.k.data() + slot * size_t(d.r));
+        std::copy_n(crows + size_t(t - t0) * d.r, d.r, mc.k.data() + slot * size_t(d.r));
         if (mc.scaled) mc.scale[slot] = sc;
       }
     }

@@ -125,6 +125,17 @@ struct LatentCache {
   std::vector<Acc> alpha_k;  // [T, G] (1 in norm none)
 };
 
+// What latent_attend reads of a cache: a cache's arrays, or some of a design's own beside the rest
+// of a shared cache (a design that rounds alpha_k copies [T, G], not the [T, r] rows).
+template <class Acc>
+struct LatentView {
+  const Acc* c;                           // [T, r]
+  const Acc* rope;                        // [T, d_r]
+  const Acc* alpha_k;                     // [T, G]
+  LatentView(const LatentCache<Acc>& lc)  // implicit: a whole cache is its own view
+      : c(lc.c.data()), rope(lc.rope.data()), alpha_k(lc.alpha_k.data()) {}
+};
+
 // One absorbed query row (A.1-A.2).
 template <class Acc>
 struct LatentQuery {
@@ -175,7 +186,7 @@ Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector
 // partial sums to bf16, drop alpha_k from the unified rope part, average two KV splits instead
 // of weighting them by their lse, or report lse in another form (all correct by default).
 template <class Acc>
-Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCache<Acc>& cache,
+Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentView<Acc>& cache,
                   int g, const std::vector<int64_t>& tokens, Acc scale, const Perturbation& pt,
                   const RowRounding& rr, std::vector<Acc>& lat) {
   const int r = cf.latent_rank, dr = cf.d_r, G = cf.groups;
@@ -186,15 +197,15 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCa
       tokens.empty() ? 0 : size_t(*std::max_element(tokens.begin(), tokens.end()) + 1));
   if (!pt.score_lowp && !tokens.empty()) {
     std::vector<const Acc*> rows;
-    for (int64_t t : tokens) rows.push_back(cache.c.data() + t * r);
+    for (int64_t t : tokens) rows.push_back(cache.c + t * r);
     std::vector<Acc> s(tokens.size());
     ordered_dots(q.q_latent.data(), rows.data(), int64_t(rows.size()), r, s.data());
     for (size_t n = 0; n < tokens.size(); ++n) scores[size_t(tokens[n])] = s[n];
   }
   auto logit = [&](int64_t t) {
-    Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.c.data() + t * r, r, true)
+    Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.c + t * r, r, true)
                                : scores[size_t(t)];
-    Acc rope = dot(q.rope.data(), cache.rope.data() + t * dr, dr);
+    Acc rope = dot(q.rope.data(), cache.rope + t * dr, dr);
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
       // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored
@@ -209,7 +220,7 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentCa
       return Acc(scale * (s * latent + q.row_scale * rope));
     return latent_logit(unified, scale, s, latent, rope);
   };
-  auto value = [&](int64_t t) { return cache.c.data() + t * r; };
+  auto value = [&](int64_t t) { return cache.c + t * r; };
   Acc lse = attend_row(tokens, logit, value, r, lat, rr);
   if (pt.split_average && tokens.size() >= 2) {  // each half normalized alone, then averaged
     const size_t half = tokens.size() / 2;

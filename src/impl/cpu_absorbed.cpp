@@ -69,20 +69,24 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
   const int G = cf.groups, dv = cf.d_v, r = cf.latent_rank;
   const int64_t T = cf.seqlens[size_t(b)];
   const bool stats = cf.norm != NormMode::None;
-  // A design that caches alpha_k narrower, takes it through an approximate rsqrt or stores the
-  // dequantized latent cache reads its own copy.
-  const bool own_copy = d.alpha_k != A || d.approx_rsqrt || rounds_at(d.cache, A);
-  LatentCache<Acc> own;
-  if (own_copy) {
-    own = cache;
+  // A design that caches alpha_k narrower or takes it through an approximate rsqrt reads its own
+  // alpha_k [T, G]; one that stores the dequantized latent cache, its own rows [T, r]; the rest is
+  // the shared cache's (a long context holds no second copy of the rows for an alpha_k design).
+  LatentView<Acc> lc(cache);
+  std::vector<Acc> own_alpha_k, own_c;
+  if (d.alpha_k != A || d.approx_rsqrt) {
+    own_alpha_k = cache.alpha_k;
     if (d.approx_rsqrt)
-      for (Acc& a : own.alpha_k) a = approx_rsqrt_of(a);
+      for (Acc& a : own_alpha_k) a = approx_rsqrt_of(a);
     if (d.alpha_k != A)
-      for (Acc& a : own.alpha_k) a = store(d.alpha_k, a);
-    if (rounds_at(d.cache, A))
-      for (Acc& x : own.c) x = store(d.cache, x);
+      for (Acc& a : own_alpha_k) a = store(d.alpha_k, a);
+    lc.alpha_k = own_alpha_k.data();
   }
-  const LatentCache<Acc>& lc = own_copy ? own : cache;
+  if (rounds_at(d.cache, A)) {
+    own_c = cache.c;
+    for (Acc& x : own_c) x = store(d.cache, x);
+    lc.c = own_c.data();
+  }
   if (stats)
     for (int64_t t = 0; t < T; ++t)
       for (int g = 0; g < G; ++g)

@@ -1,5 +1,6 @@
 #include "impl/gpu_impl.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 
@@ -46,7 +47,7 @@ Tensor tensor_of(const std::vector<float>& v, DType d, std::vector<int64_t> shap
 
 }  // namespace
 
-gpu::GpuCase to_gpu_case(const Case& k) {
+gpu::GpuCase to_gpu_case(const Case& k, bool cache_by_rows) {
   const MlaConfig& c = k.cfg;
   if (const std::string why = gpu_not_applicable(c); !why.empty())
     throw ConfigError("profile", "GPU kernels: " + why);
@@ -64,7 +65,14 @@ gpu::GpuCase to_gpu_case(const Case& k) {
   g.seqlens = c.seqlens;
   g.q_nope = floats(k.get("q_nope"));
   g.q_pe = floats(k.get("q_pe"));
-  g.kv_c = floats(k.get("kv_c"));
+  const Tensor& kv = k.get("kv_c");  // [B, t_max, r]
+  if (cache_by_rows)
+    g.kv_c_rows = [&kv](int b, int t0, int n, float* rows) {
+      const double* p = kv.ptr({b, t0, 0});
+      std::copy_n(p, size_t(n) * size_t(kv.shape[2]), rows);  // exact, as floats() is
+    };
+  else
+    g.kv_c = floats(kv);
   if (k.has("kv_c_scale")) g.kv_c_scale = floats(k.get("kv_c_scale"));
   g.k_pe = floats(k.get("k_pe"));
   g.w_uk = floats(k.get("w_uk"));
@@ -107,7 +115,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Outputs gpu_model(const Case& k, const gpu::RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  Outputs out = from_gpu(k, gpu::run_model(to_gpu_case(k), o));
+  Outputs out = from_gpu(k, gpu::run_model(to_gpu_case(k, true), o));
   out.seconds = seconds_since(t0);
   return out;
 }

@@ -15,7 +15,9 @@ namespace qkmla::impl {
 // fp8 (not fp64), QK-normed (not norm none).
 std::string gpu_not_applicable(const MlaConfig& c);
 // The case's tensors as fp32 values of their bits (exact: every stored format fits in fp32).
-gpu::GpuCase to_gpu_case(const Case& k);
+// `cache_by_rows`: kv_c left empty and read through kv_c_rows from k, which must outlive the
+// result (the CPU model's way: no whole fp32 copy of the cache).
+gpu::GpuCase to_gpu_case(const Case& k, bool cache_by_rows = false);
 // Outputs with the conventions' tensor names, dtypes and shapes.
 Outputs from_gpu(const Case& k, const gpu::GpuOutputs& g);
 

@@ -109,7 +109,7 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
         const std::vector<int64_t> tokens = hook::tokens(pt, k, b, i);
         std::vector<Acc> lat;
-        const Acc row_lse = latent_attend(cf, q, cache, cf.group_of(h), tokens,
+        const Acc row_lse = latent_attend(cf, q, LatentView<Acc>(cache), cf.group_of(h), tokens,
                                           design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
                                           RowRounding::of(d, A), lat);
         lse[row] =
