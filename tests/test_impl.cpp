@@ -3,11 +3,15 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "core/rng.hpp"
 #include "helpers.hpp"
 #include "impl/absorbed_stages.hpp"
+#include "impl/cpu_impls.hpp"
+#include "impl/kernel_level.hpp"
+#include "impl/mutants.hpp"
 #include "report/report.hpp"
 
 using namespace qkmla;
@@ -114,5 +118,48 @@ TEST_CASE("impl.gram.same_terms_same_order_as_ordered_sum") {
           }
       impl::sum_order() = saved;
     }
+  }
+}
+
+TEST_CASE("impl.absorbed.rows_read_from_the_case_bit_identical") {
+  // A long sequence's latent rows are read from the case as they are needed instead of held in Acc
+  // (attention_core.hpp: held_latent_limit). A limit of 0 makes every cache read its rows: every
+  // output of every absorbed design, mutant and error bound, and of the kernel-level core, must
+  // keep its bits. Sequences cross the 256-token block; one is empty.
+  const auto run_all = [](const Case& k) {
+    std::vector<impl::AbsorbedSpec> specs;
+    for (Variant v : impl::variants_for(k.cfg.profile, k.cfg.norm)) specs.push_back({v, {}, {}});
+    for (const impl::Mutant& m : impl::mutants()) specs.push_back({Variant::Default, m.p, {}});
+    Design gram = impl::design_of({}, k.cfg.profile);
+    gram.gram_alpha_k = true;
+    specs.push_back({Variant::Default, {}, gram});
+    if (is_fp8(k.cfg.profile)) {
+      Design dq = impl::design_of({}, k.cfg.profile);
+      dq.cache = DType::BF16;
+      specs.push_back({Variant::Default, {}, dq});
+    }
+    std::vector<Outputs> o = impl::cpu_absorbed(k, specs);
+    for (Outputs& b : impl::cpu_absorbed_bounds(k, {specs[0]})) o.push_back(std::move(b));
+    o.push_back(impl::cpu_kernel(impl::kernel_case(k)));
+    return o;
+  };
+  for (Profile p : {Profile::BF16, Profile::FP8, Profile::FP8_B128, Profile::FP64}) {
+    CAPTURE(to_string(p));
+    const uint64_t seed = test::seed(421);
+    const Case k = generate_case(test::tiny_config(p, {300, 0, 517}, 2, NormMode::Blockwise, seed));
+    const std::vector<Outputs> held = run_all(k);
+    const int64_t saved = std::exchange(impl::held_latent_limit(), 0);
+    const std::vector<Outputs> read = run_all(k);
+    impl::held_latent_limit() = saved;
+    REQUIRE(held.size() == read.size());
+    for (size_t n = 0; n < held.size(); ++n)
+      for (const auto& [name, t] : held[n].tensors) {
+        CAPTURE(n);
+        CAPTURE(name);
+        REQUIRE(read[n].tensors.count(name));
+        const std::vector<double>& a = t.data;
+        const std::vector<double>& b = read[n].tensors.at(name).data;
+        CHECK((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 8) == 0));
+      }
   }
 }

@@ -67,13 +67,16 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
   RowState st[kRowsPerBlock];
   std::vector<float> acc(size_t(kRowsPerBlock) * mc.n_v, 0.0f);
   float logits[kRowsPerBlock][kPage], p[kRowsPerBlock][kPage], alpha[kRowsPerBlock];
+  std::vector<float> read;  // a page's latent rows when the cache is read by rows
   for (int k = 0; k < kRowsPerBlock; ++k) st[k] = row_start();
   for (int page = p0; page < p1; ++page) {
     const int phys = mc.paging.block_table[size_t(b) * mc.paging.max_pages + size_t(page)];
     const int t0 = page * kPage, n = std::min(kPage, T - t0);
+    const float* keys = mc.page_keys(c, b, page, phys, n, read);
+    const float* vals = mc.page_values(phys, keys);
     for (int tt = 0; tt < n; ++tt) {
       const size_t slot = size_t(phys) * kPage + size_t(tt);
-      const float* key = mc.key(slot);
+      const float* key = keys + size_t(tt) * size_t(mc.n_k);
       const float* kr = mc.rope.data() + slot * size_t(d.d_r);
       for (int k = 0; k < kRowsPerBlock; ++k) {
         if (rows[k] < 0) continue;
@@ -111,7 +114,7 @@ void model_block(const GpuCase& c, const ModelCache& mc, const Queries& q, const
         float& a = acc[size_t(k) * mc.n_v + size_t(j)];
         a = accumulate_tile(
             a, alpha[k], p[k],
-            [&](int tt) { return mc.value(size_t(phys) * kPage + size_t(tt))[j]; }, n);
+            [&](int tt) { return vals[size_t(tt) * size_t(mc.n_v) + size_t(j)]; }, n);
       }
     }
   }

@@ -28,7 +28,8 @@ ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
   mc.n_v = explicit_form ? d.d_v : d.r;
   mc.scaled = !explicit_form && d.cache == Store::E4M3;
   const size_t slots = size_t(mc.paging.num_pages) * kPage;
-  mc.k.assign(slots * size_t(mc.n_k), qk_nan());
+  mc.by_rows = !explicit_form && c.kv_c.empty();
+  if (!mc.by_rows) mc.k.assign(slots * size_t(mc.n_k), qk_nan());
   if (explicit_form) mc.v.assign(slots * size_t(mc.n_v), qk_nan());
   mc.scale.assign(mc.scaled ? slots : 0, qk_nan());
   mc.rope.assign(slots * size_t(d.d_r), qk_nan());
@@ -82,7 +83,8 @@ ModelCache model_append(const GpuCase& c, bool explicit_form, int group) {
         for (int j = 0; j < d.d_v; ++j) vout[j] = round_store(d.stored, fp8 ? v[j] * sc : v[j]);
       }
       if (!explicit_form) {
-        std::copy_n(crows + size_t(t - t0) * d.r, d.r, mc.k.data() + slot * size_t(d.r));
+        if (!mc.by_rows)
+          std::copy_n(crows + size_t(t - t0) * d.r, d.r, mc.k.data() + slot * size_t(d.r));
         if (mc.scaled) mc.scale[slot] = sc;
       }
     }

@@ -19,10 +19,24 @@ struct ModelCache {
   std::vector<float> alpha_k;  // [slots, G] (explicit form: group's column only, NaN elsewhere)
   // Every slot starts as NaN: padding past T_b and unused pages stay NaN, so a kernel or model
   // that reads them poisons its output (tests check that none does).
+  // Absorbed form of a case read by rows (GpuCase::kv_c_rows): k stays empty and a page's latent
+  // rows are read from the case when a block visits the page, the values the paged copy would
+  // hold (only slots below T_b are ever read), so a long context holds no [slots, r] copy.
+  bool by_rows = false;
 
-  // What the row blocks of `group` read (absorbed: every row block reads the one latent row).
-  const float* key(size_t slot) const { return &k[slot * size_t(n_k)]; }
-  const float* value(size_t slot) const { return v.empty() ? key(slot) : &v[slot * size_t(n_v)]; }
+  // The key rows [n, n_k] of logical page `page` of sequence b, physical page `phys`, its first
+  // n slots: in k, or (by_rows) read into `buf`.
+  const float* page_keys(const GpuCase& c, int b, int page, int phys, int n,
+                         std::vector<float>& buf) const {
+    if (!by_rows) return &k[size_t(phys) * kPage * size_t(n_k)];
+    buf.resize(size_t(n) * size_t(n_k));
+    c.kv_c_rows(b, page * kPage, n, buf.data());
+    return buf.data();
+  }
+  // Its value rows [n, n_v] (absorbed: the key rows themselves, v = k).
+  const float* page_values(int phys, const float* keys) const {
+    return v.empty() ? keys : &v[size_t(phys) * kPage * size_t(n_v)];
+  }
 };
 
 // K.3: the append stage for every cached token of every sequence. The explicit form's cache is

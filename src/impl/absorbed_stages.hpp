@@ -84,19 +84,27 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
   const std::vector<Acc> gk =
       none ? std::vector<Acc>{} : to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_rk"));
   LatentCache<Acc> lc;
-  lc.c = latent_rows<Acc>(k, b, T);
-  std::vector<Acc> quads;  // [G, T]: the Gram-form content statistics
-  for (int g = 0; gram && g < G; ++g) {
-    const std::vector<Acc> q = gram_quads(gram->data() + size_t(g) * r * r, lc.c.data(), T, r);
-    quads.insert(quads.end(), q.begin(), q.end());
-  }
-  std::vector<Acc> keys;  // [block, G*d_c]: a block of tokens' keys, used for their statistics
+  attach_rows(lc, k, b, T);
+  // A block of tokens at a time (each row's sums are its own): its latent rows [block, r] (held,
+  // or read from the case), keys [block, G*d_c] for their statistics, Gram-form statistics
+  // [G, block].
+  std::vector<Acc> read, keys, quads;
+  const Acc* rows = nullptr;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t t0 = t - t % kProjectTokens;  // the block of t, projected as t enters it
+    const int64_t n = std::min(kProjectTokens, T - t0);
+    if (t == t0) {
+      if (lc.c.empty()) read.resize(size_t(n * r)), lc.source.read(t0, n, read.data());
+      rows = lc.c.empty() ? read.data() : lc.c.data() + t0 * r;
+      quads.clear();
+      for (int g = 0; gram && g < G; ++g) {
+        const std::vector<Acc> q = gram_quads(gram->data() + size_t(g) * r * r, rows, n, r);
+        quads.insert(quads.end(), q.begin(), q.end());
+      }
+    }
     if (!none && t == t0) {
-      const int64_t n = std::min(kProjectTokens, T - t0);
       keys.resize(size_t(n * G * dc));
-      rows_mat(lc.c.data() + t0 * r, n, r, wk.data(), G * dc, G * dc, keys.data());
+      rows_mat(rows, n, r, wk.data(), G * dc, G * dc, keys.data());
       eager_step(eager, keys.data(), int(keys.size()));
     }
     std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
@@ -109,11 +117,11 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
       const Acc rope_ss = sum_sq(z.data(), dr);  // raw, or rotated (unified rope_then_norm)
       for (int g = 0; g < G; ++g) {
         const Acc* kg = &keys[size_t((t - t0) * G * dc + g * dc)];
-        Acc ss = gram ? quads[size_t(g) * T + t] : dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
-        int n = dc;
-        if (p.key_stat_from_latent) ss = sum_sq(lc.c.data() + t * r, r), n = r;
-        if (joint) ss += rope_ss, n += dr;
-        lc.alpha_k.push_back(hook::inv_rms(p, ss, n, eps));
+        Acc ss = gram ? quads[size_t(g * n + t - t0)] : dot_maybe_lowp(kg, kg, dc, p.key_stat_lowp);
+        int terms = dc;
+        if (p.key_stat_from_latent) ss = sum_sq(rows + (t - t0) * r, r), terms = r;
+        if (joint) ss += rope_ss, terms += dr;
+        lc.alpha_k.push_back(hook::inv_rms(p, ss, terms, eps));
       }
       if (unified) {
         if (!p.no_rope_gain_k) scale_gain(z.data(), dr, gk.data() + dc, Acc(1));

@@ -116,24 +116,60 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
   return lse;
 }
 
+// How many latent values (T x r) a cache holds in Acc. A longer sequence's rows are read from the
+// case as they are needed (LatentSource: the same values), so that a long context holds no second
+// [T, r] copy of its cache (a 256k-token bf16 cache is 0.54 GB in fp32). Per thread, so that a
+// test can make a short case read its rows.
+inline int64_t& held_latent_limit() {
+  thread_local int64_t n = int64_t(1) << 22;
+  return n;
+}
+
 // The latent cache of one sequence as a decode kernel reads it (A.3).
 template <class Acc>
 struct LatentCache {
-  std::vector<Acc> c;        // [T, r] as stored (fp8: code x scale in Acc)
+  std::vector<Acc> c;        // [T, r] as stored (fp8: code x scale in Acc), or empty: read from
+  LatentSource source;       // the case (attach_rows)
   std::vector<Acc> rope;     // [T, d_r] kr^ (blockwise), gained rotated rope key (unified), or the
                              // rotated raw rope key (norm none), rounded to the stored dtype
   std::vector<Acc> alpha_k;  // [T, G] (1 in norm none)
 };
 
+// Sequence b's latent rows for a cache of T tokens: held in Acc up to held_latent_limit() values.
+template <class Acc>
+void attach_rows(LatentCache<Acc>& lc, const Case& k, int b, int64_t T) {
+  lc.source = LatentSource(k, b);
+  if (T * lc.source.width() <= held_latent_limit()) lc.c = latent_rows<Acc>(k, b, T);
+}
+
 // What latent_attend reads of a cache: a cache's arrays, or some of a design's own beside the rest
 // of a shared cache (a design that rounds alpha_k copies [T, G], not the [T, r] rows).
 template <class Acc>
 struct LatentView {
-  const Acc* c;                           // [T, r]
-  const Acc* rope;                        // [T, d_r]
-  const Acc* alpha_k;                     // [T, G]
+  const Acc* c;  // [T, r], or null: rows read from `source`
+  LatentSource source;
+  const Acc* rope;     // [T, d_r]
+  const Acc* alpha_k;  // [T, G]
+  // A design's cache format (the fp8 cache dequantized to bf16): each row stored to it as it is
+  // read, no rounded copy held.
+  std::optional<DType> round_c;
   LatentView(const LatentCache<Acc>& lc)  // implicit: a whole cache is its own view
-      : c(lc.c.data()), rope(lc.rope.data()), alpha_k(lc.alpha_k.data()) {}
+      : c(lc.c.empty() ? nullptr : lc.c.data()),
+        source(lc.source),
+        rope(lc.rope.data()),
+        alpha_k(lc.alpha_k.data()) {}
+  // Row t [r]: in c, or read (and rounded) into out [r]. Valid until the next call with out.
+  const Acc* row(int64_t t, Acc* out) const {
+    const int64_t r = source.width();
+    if (c && !round_c) return c + t * r;
+    if (c)
+      std::copy_n(c + t * r, r, out);
+    else
+      source.read(t, 1, out);
+    if (round_c)
+      for (int64_t l = 0; l < r; ++l) out[l] = store(*round_c, out[l]);
+    return out;
+  }
 };
 
 // One absorbed query row (A.1-A.2).
@@ -195,15 +231,23 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
   // current order); the bf16-partial-sum mutant forms its own.
   std::vector<Acc> scores(  // [T], by token (a sparse row's tokens need not be sorted)
       tokens.empty() ? 0 : size_t(*std::max_element(tokens.begin(), tokens.end()) + 1));
-  if (!pt.score_lowp && !tokens.empty()) {
+  // Rows read from the case (or rounded as read) land here, a block of tokens at a time.
+  const size_t block = std::min(tokens.size(), size_t(kProjectTokens));
+  std::vector<Acc> buf(!cache.c || cache.round_c ? std::max<size_t>(block, 1) * size_t(r) : 0);
+  const auto slot = [&](size_t n) { return buf.empty() ? nullptr : &buf[n * size_t(r)]; };
+  if (!pt.score_lowp) {  // a block of tokens at a time: each score is its own dot
     std::vector<const Acc*> rows;
-    for (int64_t t : tokens) rows.push_back(cache.c + t * r);
-    std::vector<Acc> s(tokens.size());
-    ordered_dots(q.q_latent.data(), rows.data(), int64_t(rows.size()), r, s.data());
-    for (size_t n = 0; n < tokens.size(); ++n) scores[size_t(tokens[n])] = s[n];
+    std::vector<Acc> s(block);
+    for (size_t n0 = 0; n0 < tokens.size(); n0 += block) {
+      const size_t m = std::min(tokens.size() - n0, block);
+      rows.clear();
+      for (size_t n = 0; n < m; ++n) rows.push_back(cache.row(tokens[n0 + n], slot(n)));
+      ordered_dots(q.q_latent.data(), rows.data(), int64_t(m), r, s.data());
+      for (size_t n = 0; n < m; ++n) scores[size_t(tokens[n0 + n])] = s[n];
+    }
   }
   auto logit = [&](int64_t t) {
-    Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.c + t * r, r, true)
+    Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.row(t, slot(0)), r, true)
                                : scores[size_t(t)];
     Acc rope = dot(q.rope.data(), cache.rope + t * dr, dr);
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
@@ -220,7 +264,8 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
       return Acc(scale * (s * latent + q.row_scale * rope));
     return latent_logit(unified, scale, s, latent, rope);
   };
-  auto value = [&](int64_t t) { return cache.c + t * r; };
+  // ordered_accumulate reads one value row at a time: one buffer serves.
+  auto value = [&](int64_t t) { return cache.row(t, slot(0)); };
   Acc lse = attend_row(tokens, logit, value, r, lat, rr);
   if (pt.split_average && tokens.size() >= 2) {  // each half normalized alone, then averaged
     const size_t half = tokens.size() / 2;

@@ -70,10 +70,10 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
   const int64_t T = cf.seqlens[size_t(b)];
   const bool stats = cf.norm != NormMode::None;
   // A design that caches alpha_k narrower or takes it through an approximate rsqrt reads its own
-  // alpha_k [T, G]; one that stores the dequantized latent cache, its own rows [T, r]; the rest is
-  // the shared cache's (a long context holds no second copy of the rows for an alpha_k design).
+  // alpha_k [T, G]; one that stores the dequantized latent cache rounds each row as it reads it;
+  // the rest is the shared cache's (no design holds a second copy of the rows).
   LatentView<Acc> lc(cache);
-  std::vector<Acc> own_alpha_k, own_c;
+  std::vector<Acc> own_alpha_k;
   if (d.alpha_k != A || d.approx_rsqrt) {
     own_alpha_k = cache.alpha_k;
     if (d.approx_rsqrt)
@@ -82,11 +82,7 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       for (Acc& a : own_alpha_k) a = store(d.alpha_k, a);
     lc.alpha_k = own_alpha_k.data();
   }
-  if (rounds_at(d.cache, A)) {
-    own_c = cache.c;
-    for (Acc& x : own_c) x = store(d.cache, x);
-    lc.c = own_c.data();
-  }
+  if (rounds_at(d.cache, A)) lc.round_c = d.cache;
   if (stats)
     for (int64_t t = 0; t < T; ++t)
       for (int g = 0; g < G; ++g)

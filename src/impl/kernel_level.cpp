@@ -30,8 +30,11 @@ Case kernel_case_t(const Case& k) {
   kc.tensors["seqlens"] = k.get("seqlens");
   for (int b = 0; b < cf.batch; ++b) {
     const LatentCache<Acc> cache = build_cache(k, b, wk, constant<Acc>(cf.eps), Perturbation{}, D);
+    const LatentView<Acc> view(cache);
+    std::vector<Acc> row(static_cast<size_t>(r));
     for (int64_t t = 0; t < cf.seqlens[size_t(b)]; ++t) {
-      for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(cache.c[size_t(t * r + l)]);
+      const Acc* c = view.row(t, row.data());
+      for (int l = 0; l < r; ++l) kv.at({b, t, l}) = double(c[l]);
       for (int j = 0; j < dr; ++j) kr.at({b, t, j}) = double(cache.rope[size_t(t * dr + j)]);
       for (int g = 0; g < G; ++g) ak.at({b, t, g}) = double(cache.alpha_k[size_t(t * G + g)]);
     }
@@ -69,7 +72,7 @@ LatentCache<Acc> cache_of(const Case& k, int b) {
   const int64_t T = cf.seqlens[size_t(b)];
   const Tensor& kr = k.get("k_rope");
   LatentCache<Acc> lc;
-  lc.c = latent_rows<Acc>(k, b, T);
+  attach_rows(lc, k, b, T);
   lc.rope.assign(kr.data.begin() + kr.index({b, 0, 0}),
                  kr.data.begin() + kr.index({b, 0, 0}) + T * cf.d_r);
   if (cf.norm == NormMode::None) {
@@ -92,9 +95,10 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
   Tensor& lat_out = o.tensors["latent_out"] = make_output(k, "latent_out", d.latent_out, 0.0);
   Tensor& lse = o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   for (int b = 0; b < cf.batch; ++b) {
-    LatentCache<Acc> cache = cache_of<Acc>(k, b);
-    if (rounds_at(d.cache, A))  // the dequantized fp8 cache stored (bf16) before the dot products
-      for (Acc& x : cache.c) x = store(d.cache, x);
+    const LatentCache<Acc> cache = cache_of<Acc>(k, b);
+    LatentView<Acc> view(cache);
+    // The dequantized fp8 cache stored (bf16) before the dot products.
+    if (rounds_at(d.cache, A)) view.round_c = d.cache;
     const Acc sigma = constant<Acc>(hook::softmax_scale(pt, cf));
     for (int i = 0; i < cf.s_q; ++i)
       for (int h = 0; h < cf.heads; ++h) {
@@ -109,7 +113,7 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
         const std::vector<int64_t> tokens = hook::tokens(pt, k, b, i);
         std::vector<Acc> lat;
-        const Acc row_lse = latent_attend(cf, q, LatentView<Acc>(cache), cf.group_of(h), tokens,
+        const Acc row_lse = latent_attend(cf, q, view, cf.group_of(h), tokens,
                                           design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
                                           RowRounding::of(d, A), lat);
         lse[row] =

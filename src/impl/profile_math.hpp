@@ -29,25 +29,40 @@ std::vector<Acc> to_acc(const Tensor& t) {
   return std::vector<Acc>(t.data.begin(), t.data.end());  // exact: stored dtype is within Acc
 }
 
-// The latent cache rows [t0, t0 + n) of sequence b as an implementation reads them ([n, r]): the
+// Sequence b's latent cache as an implementation reads it: rows [t0, t0 + n) into out [n, r], the
 // stored values, or in the fp8 profile code x scale computed in Acc (fp32: one rounding of the
-// exact product; the error-bound type accounts for it; fp64: exact). Each row is its own.
+// exact product; the error-bound type accounts for it; fp64: exact). Each row is its own: rows
+// read a block at a time are the rows read all at once.
+struct LatentSource {
+  const Tensor* kv = nullptr;     // [B, T_max, r]
+  const Tensor* scale = nullptr;  // fp8: [B, T_max] or (fp8-block128) [B, T_max, ceil(r / 128)]
+  int b = 0;
+  LatentSource() = default;
+  LatentSource(const Case& k, int seq)
+      : kv(&k.get("kv_c")), scale(k.has("kv_c_scale") ? &k.get("kv_c_scale") : nullptr), b(seq) {}
+  int64_t width() const { return kv->shape[2]; }
+  template <class Acc>
+  void read(int64_t t0, int64_t n, Acc* out) const {
+    const int64_t r = width();
+    const double* src = kv->ptr({b, t0, 0});
+    if (!scale) {
+      for (int64_t i = 0; i < n * r; ++i) out[i] = Acc(src[i]);
+      return;
+    }
+    const int64_t per = scale->shape.size() == 3 ? scale->shape[2] : 1;  // scale j: 128 j ...
+    const int64_t block = per > 1 ? 128 : r;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t l = 0; l < r; ++l)
+        out[t * r + l] =
+            Acc(src[t * r + l]) * Acc((*scale)[(b * scale->shape[1] + t0 + t) * per + l / block]);
+  }
+};
+
 template <class Acc>
 std::vector<Acc> latent_rows(const Case& k, int b, int64_t t0, int64_t n) {
-  const Tensor& kv = k.get("kv_c");
-  const int64_t r = kv.shape[2], base = kv.index({b, t0, 0});
-  std::vector<Acc> out(static_cast<size_t>(n * r));
-  const Tensor* scale = k.has("kv_c_scale") ? &k.get("kv_c_scale") : nullptr;
-  // [B, T_max] (fp8) or [B, T_max, ceil(r / 128)] (fp8-block128): scale j serves 128 j ...
-  const int64_t per = scale && scale->shape.size() == 3 ? scale->shape[2] : 1;
-  const int64_t block = per > 1 ? 128 : r;
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t l = 0; l < r; ++l) {
-      const double code = kv[base + t * r + l];
-      out[size_t(t * r + l)] =
-          scale ? Acc(code) * Acc((*scale)[(b * scale->shape[1] + t0 + t) * per + l / block])
-                : Acc(code);
-    }
+  const LatentSource src(k, b);
+  std::vector<Acc> out(static_cast<size_t>(n * src.width()));
+  src.read(t0, n, out.data());
   return out;
 }
 
