@@ -53,6 +53,17 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.row_bias == doctest::Approx(0.1 / 2));     // rows' projections: 0, .1, 0, 0
   CHECK(std::isnan(s.seq_shift));                    // lse only
   CHECK(s.bias_noise == doctest::Approx(0.1 / 10));  // one row's <e, y> = 0.1, over <y, y>
+  // rows' sqrt(sum e^2 y^2) / <y, y>: 0, 0.1, 0, 0; their RMS
+  CHECK(s.row_bias_noise == doctest::Approx(0.1 / 2));
+  // Errors that cancel in a row's projection: its draw is 0, its noise level is not (row
+  // (0, 0, 0): e = (0.1, -0.1) against y = (1, 1)).
+  y.data[1] = 1;
+  x.data = y.data;
+  x.data[0] = 1.1, x.data[1] = 0.9;
+  s = structure_of(x, y, {});
+  CHECK(s.row_bias == doctest::Approx(0.0).epsilon(1e-12));
+  CHECK(s.row_bias_noise == doctest::Approx(std::sqrt(0.02) / 2 / 2));  // sqrt(.01 + .01) / 2
+  y.data[1] = 0;
   x.data = y.data;  // a 1 % scale everywhere: every projection is -0.01
   for (double& v : x.data) v *= 0.99;
   s = structure_of(x, y, {});
@@ -60,6 +71,7 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.row_bias == doctest::Approx(0.01));
   // rows' <e, y>: -0.01, -0.01, -0.04, -0.04 (<y, y> 1, 1, 4, 4), as independent draws
   CHECK(s.bias_noise == doctest::Approx(std::sqrt(0.0034) / 10));
+  CHECK(s.row_bias_noise == doctest::Approx(0.01));  // every row: 0.01 sqrt(sum y^4) / sum y^2
   // lse: one row wrong by 0.5 at |lse| = 0.1: measured against max(|y|, 1), so 0.5.
   Tensor ly(DType::F64, {2, 1, 2}), lx(DType::F32, {2, 1, 2});
   ly.data = {0.1, 3.0, -INFINITY, 8.0};

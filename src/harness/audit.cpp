@@ -122,8 +122,12 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
   const double common = 2 * unit_roundoff(A);
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string& stat = structure_names()[i];
-    const double top = stat == "bias" ? std::max(ys.structure_max(t, i), ys.bias_noise_max(t))
-                                      : ys.structure_max(t, i);
+    // A projection against the larger of the samples' value and their noise level (one draw).
+    const double top =
+        stat == "bias" ? std::max(ys.structure_max(t, i), ys.noise_max(t, &Structure::bias_noise))
+        : stat == "row_bias"
+            ? std::max(ys.structure_max(t, i), ys.noise_max(t, &Structure::row_bias_noise))
+            : ys.structure_max(t, i);
     if (std::isnan(v[i]) || std::isnan(top)) continue;
     const bool projection = stat == "bias" || stat == "row_bias" || stat == "seq_shift";
     const double f = stat == "row_bias" ? std::max(common, floor / std::sqrt(width))

@@ -333,10 +333,10 @@ std::vector<double> Yardstick::seq_allowance(const std::string& t) const {
   return a;
 }
 
-double Yardstick::bias_noise_max(const std::string& t) const {
+double Yardstick::noise_max(const std::string& t, double Structure::*noise) const {
   double worst = 0;
   for (const Sample& s : samples)
-    if (s.structure.count(t)) worst = std::max(worst, s.structure.at(t).bias_noise);
+    if (s.structure.count(t)) worst = std::max(worst, s.structure.at(t).*noise);
   return worst;
 }
 

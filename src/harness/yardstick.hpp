@@ -82,8 +82,8 @@ struct Yardstick {
   // lse's seq_shift allowance per sequence: max over every sample of max(seq_mean, seq_noise)
   // (metrics/structure.hpp); empty when no sample has them.
   std::vector<double> seq_allowance(const std::string& t) const;
-  // max over every sample of its bias_noise (metrics/structure.hpp); 0 when none.
-  double bias_noise_max(const std::string& t) const;
+  // max over every sample of a noise level (Structure::bias_noise or row_bias_noise); 0 when none.
+  double noise_max(const std::string& t, double Structure::*noise) const;
 };
 
 // The design a registered implementation implements: conventions §3's rounding points for its form

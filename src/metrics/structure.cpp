@@ -89,12 +89,13 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   const int64_t per_seq = rank >= 1 ? n / std::max<int64_t>(y.shape[0], 1) : 0;
   Sums row(rank == 4 ? rows : 0), head(heads), seq(rank >= 1 ? y.shape[0] : 0);
   Sums all(1);
+  std::vector<long double> row_eeyy(size_t(rank == 4 ? rows : 0), 0);  // sum e^2 y^2 per row
   for (int64_t i = 0; i < n; ++i) {
     if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
       continue;
     const Sums::Terms t = Sums::terms(x[i] - y[i], y[i]);
     all.add(0, t);
-    if (rank == 4) row.add(i / width, t);
+    if (rank == 4) row.add(i / width, t), row_eeyy[size_t(i / width)] += t.ee * t.yy;
     if (rank >= 3) head.add((i / width) % heads, t);
     if (rank >= 1) seq.add(i / per_seq, t);
   }
@@ -121,11 +122,15 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   // its systematic errors are measured by seq_shift instead.
   s.bias = rank != 4 ? nan : all.yy[0] > 0 ? double(std::fabs(all.ey[0] / all.yy[0])) : 0.0;
   if (rank == 4) {
-    long double sq = 0;
+    long double sq = 0, noise = 0;
     int64_t n = 0;
     for (size_t u = 0; u < row.yy.size(); ++u)
-      if (row.yy[u] > 0) sq += (row.ey[u] / row.yy[u]) * (row.ey[u] / row.yy[u]), ++n;
+      if (row.yy[u] > 0) {
+        sq += (row.ey[u] / row.yy[u]) * (row.ey[u] / row.yy[u]), ++n;
+        noise += row_eeyy[u] / (row.yy[u] * row.yy[u]);
+      }
     s.row_bias = n ? double(std::sqrt(sq / n)) : 0.0;
+    s.row_bias_noise = n ? double(std::sqrt(noise / n)) : 0.0;
     long double rows_sq = 0;  // the rows' <e, y> as independent draws
     for (size_t u = 0; u < row.ey.size(); ++u) rows_sq += row.ey[u] * row.ey[u];
     s.bias_noise = all.yy[0] > 0 ? double(std::sqrt(rows_sq) / all.yy[0]) : 0.0;

@@ -30,6 +30,13 @@ struct Structure {
   // was 5.3x it (zoo seed 79367: fp8, 5 tokens, so the rows' errors are few P errors times whole
   // cache rows); the yardstick takes the larger of the two (not a statistic: NaN-free, 0 for lse).
   double bias_noise = 0;
+  // What row_bias reaches when each row's elements' errors are independent draws of their size:
+  // RMS over rows of sqrt(sum_j e_j^2 y_j^2) / <y, y>_row. A correct sample's per-row projections
+  // are one draw too: its output roundings are the other samples' (the same values rounded the
+  // same way), and another correct implementation's row_bias was 4.7x theirs (zoo seed 82124:
+  // fp16 kernel level, large logits make every row one-hot but one, whose projection was the
+  // whole statistic). The yardstick takes the larger of the two, as for bias.
+  double row_bias_noise = 0;
   // lse (rank 3) only, NaN otherwise: max over sequences of |mean over the sequence's rows of
   // (x - y)|, in nats (lse's error is the relative error of the softmax's sum), and of the
   // projection of its one-token rows (below). A logit scale or offset in one sequence moves all
