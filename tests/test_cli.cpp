@@ -70,7 +70,7 @@ TEST_CASE("cli.bad_usage_exits_2") {
   for (const char* args : {"report --bogus", "report --profiles fp7", "report --preset nope",
                            "report --seqlen 1 --sq 2", "report --seqlens 4,5 --batch 3",
                            "report --format xml", "report --eps -1", "frobnicate", "",
-                           // std::stoll's out_of_range inside CLI11 (fuzz_text, session 6): it
+                           // std::stoll's out_of_range inside CLI11 (found by fuzz_text): it
                            // aborted the process before
                            "report --no-causal=99999999999999999999"}) {
     CAPTURE(args);

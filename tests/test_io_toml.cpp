@@ -40,7 +40,7 @@ TEST_CASE("io.toml.non_ascii_where_toml_allows_only_ascii_is_refused") {
   CHECK(refusal("e = [+d{\"h)\xc2\xa7\"]").find("line 1, column 12") != std::string::npos);
   CHECK(refusal("e = [\n 1.5=\"\xc3\xa9\"]").find("line 2, column 7") != std::string::npos);
   CHECK(refusal("e = 1=\"\xc3\xa9\"").find("line 1, column 8") != std::string::npos);
-  // A backslash before a non-ASCII character (fuzz_text in the test command, session 6: U+FDC0
+  // A backslash before a non-ASCII character (found by fuzz_text in the test command: U+FDC0
   // after a backslash in a multi-line string reached TOML_UNREACHABLE).
   CHECK(refusal("s = \"\"\"a\\\xef\xb7\x80\"\"\"\n") ==
         "t.toml: toml: line 1, column 10: non-ASCII byte 0xEF after a backslash (not a TOML "

@@ -101,11 +101,11 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
         const std::vector<Acc> q = gram_quads(gram->data() + size_t(g) * r * r, rows, n, r);
         quads.insert(quads.end(), q.begin(), q.end());
       }
-    }
-    if (!none && t == t0) {
-      keys.resize(size_t(n * G * dc));
-      rows_mat(rows, n, r, wk.data(), G * dc, G * dc, keys.data());
-      eager_step(eager, keys.data(), int(keys.size()));
+      if (!none) {
+        keys.resize(size_t(n * G * dc));
+        rows_mat(rows, n, r, wk.data(), G * dc, G * dc, keys.data());
+        eager_step(eager, keys.data(), int(keys.size()));
+      }
     }
     std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
                        kpe.data.begin() + kpe.index({b, t, 0}) + dr);
