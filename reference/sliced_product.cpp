@@ -59,19 +59,20 @@ void slice(const double* x, int64_t n, int64_t stride, int top, int beta, int co
 }
 
 // Shewchuk's Grow-Expansion with zero elimination (Discrete Comput. Geom. 18, 1997, Thm. 10):
-// adds b to the nonoverlapping expansion h (increasing magnitude) with exact two-sums, keeping it
-// nonoverlapping. Nothing is rounded away: the sum of h stays the exact sum of what was added.
-void grow(std::vector<double>& h, double b) {
-  if (b == 0) return;
-  size_t out = 0;
+// adds b to the nonoverlapping expansion h[0 .. len) (increasing magnitude) with exact two-sums,
+// keeping it nonoverlapping; returns its new length (at most len + 1). Nothing is rounded away: the
+// sum of h stays the exact sum of what was added.
+int grow(double* h, int len, double b) {
+  if (b == 0) return len;
+  int out = 0;
   double q = b;
-  for (size_t i = 0; i < h.size(); ++i) {
+  for (int i = 0; i < len; ++i) {
     const double s = q + h[i], bv = s - q, err = (q - (s - bv)) + (h[i] - bv);
     q = s;
     if (err != 0) h[out++] = err;
   }
-  h.resize(out);
-  if (q != 0) h.push_back(q);
+  if (q != 0) h[out++] = q;
+  return out;
 }
 
 // Every entry of the [rows, cols] matrix (row stride ld) fits a float: at most 24 significant
@@ -83,18 +84,20 @@ bool all_narrow(const double* p, int64_t rows, int64_t ld, int64_t cols) {
   return true;
 }
 
-// Writes the exact sum of terms[0 .. width) as a nonoverlapping expansion, largest term first:
-// inline when it has at most kLevels terms (zero padded), else into `long_terms`.
-void compress(const double* terms, int width, int64_t flat, double* inline_terms, int levels,
-              std::unordered_map<int64_t, std::vector<double>>& long_terms,
-              std::vector<double>& h) {
-  h.clear();
-  for (int w = 0; w < width; ++w) grow(h, terms[w]);
-  std::reverse(h.begin(), h.end());
-  if (h.size() <= size_t(levels))
-    std::copy(h.begin(), h.end(), inline_terms);
-  else
-    long_terms[flat] = h;
+// Writes the exact sum of terms[w * stride], w < width, as a nonoverlapping expansion, largest
+// term first: inline when it has at most `levels` terms (zero padded), else into `long_terms`.
+// `h` is scratch of at least width + 1 doubles.
+void compress(const double* terms, int64_t stride, int width, int64_t flat, double* inline_terms,
+              int levels, std::unordered_map<int64_t, std::vector<double>>& long_terms, double* h) {
+  int len = 0;
+  for (int w = 0; w < width; ++w) len = grow(h, len, terms[w * stride]);
+  if (len <= levels) {
+    for (int i = 0; i < len; ++i) inline_terms[i] = h[len - 1 - i];
+    return;
+  }
+  std::vector<double>& e = long_terms[flat];
+  e.assign(h, h + len);
+  std::reverse(e.begin(), e.end());
 }
 
 }  // namespace
@@ -211,7 +214,7 @@ void SlicedProduct::tile(int64_t i) {
   const int64_t n = W_.n, k = W_.k, j0 = i * kTile, kc = std::min(kTile, k - j0);
   const Slicing& p = W_.plan;
   std::vector<double> parts;  // [GEMMs][chunk rows, kc]: every GEMM's terms
-  std::vector<double> h, entry;
+  std::vector<double> h;
   for (int64_t i0 = 0; i0 < m_; i0 += kChunk) {
     const int64_t mc = std::min(kChunk, m_ - i0);
     const auto [at, sa] = chunks_[size_t(i0 / kChunk)];  // [sa, mc, n] slices of the rows
@@ -221,13 +224,12 @@ void SlicedProduct::tile(int64_t i) {
       for (int t = 0; t < p.slices_b; ++t)  // [mc, n] slice s of the rows times [n, kc] slice t
         slice_gemm(&a_[at + size_t(s * mc * n)], n, W_.slices[size_t(t)].data() + j0, k,
                    &parts[size_t((s * p.slices_b + t) * mc * kc)], kc, mc, n, kc);  // exact (X.5)
-    entry.resize(size_t(used));
+    h.resize(size_t(used + 1));
     for (int64_t r = 0; r < mc; ++r)
-      for (int64_t j = 0; j < kc; ++j) {
+      for (int64_t j = 0; j < kc; ++j) {  // entry (r, j)'s GEMM terms lie mc * kc apart
         const int64_t flat = (i0 + r) * k + j0 + j;
-        for (int w = 0; w < used; ++w) entry[size_t(w)] = parts[size_t((w * mc + r) * kc + j)];
-        compress(entry.data(), used, flat, &terms_[size_t(flat * levels_)], levels_,
-                 long_terms_[size_t(i)], h);
+        compress(&parts[size_t(r * kc + j)], mc * kc, used, flat, &terms_[size_t(flat * levels_)],
+                 levels_, long_terms_[size_t(i)], h.data());
       }
   }
 }
