@@ -86,7 +86,7 @@ LatentCache<Acc> cache_of(const Case& k, int b) {
 }
 
 template <class Acc>
-Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
+Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
   const int r = cf.latent_rank, dr = cf.d_r;
@@ -111,6 +111,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt) {
           for (Acc& x : q.rope) x = round_point(d.rope, A, x * sigma);
         }
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
+        if (v == Variant::AlphaQFolded && cf.norm != NormMode::None) {  // each product in Acc
+          for (Acc& x : q.q_latent) x = x * q.row_scale;
+          if (cf.norm == NormMode::Unified)
+            for (Acc& x : q.rope) x = x * q.row_scale;
+          q.row_scale = Acc(1);
+        }
         const std::vector<int64_t> tokens = hook::tokens(pt, k, b, i);
         std::vector<Acc> lat;
         const Acc row_lse = latent_attend(cf, q, view, cf.group_of(h), tokens,
@@ -132,11 +138,12 @@ Case kernel_case(const Case& k) {
                                                        : kernel_case_t<float>(k);
 }
 
-Outputs cpu_kernel(const Case& k, const std::optional<Design>& d, const Perturbation& p) {
+Outputs cpu_kernel(const Case& k, const std::optional<Design>& d, const Perturbation& p,
+                   Variant v) {
   const auto start = std::chrono::steady_clock::now();
   const Design des = d.value_or(spec_design(k.cfg.profile, Form::Kernel));
-  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des, p)
-                                                            : run<float>(k, des, p);
+  Outputs o = accumulate_dtype(k.cfg.profile) == DType::F64 ? run<double>(k, des, p, v)
+                                                            : run<float>(k, des, p, v);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }

@@ -7,6 +7,7 @@
 #include "core/design.hpp"
 #include "core/outputs.hpp"
 #include "core/perturbation.hpp"
+#include "core/variant.hpp"
 
 namespace qkmla::impl {
 
@@ -21,7 +22,10 @@ Case kernel_case(const Case& module_case);
 // A design (core/design.hpp) may move the p and latent_out rounding points (default conventions
 // §3's). A perturbation (a convention a diagnosis tries) changes the latent core only: lse form,
 // scale, split average, visibility.
+// Variant::AlphaQFolded: the wrapper folds alpha_q into the given query in Acc (q_latent, and the
+// unified rope part) and the kernel scales by alpha_k alone, as a Triton-style wrapper does; the
+// other variants are module-level choices and run as Default.
 Outputs cpu_kernel(const Case& kernel_case, const std::optional<Design>& d = std::nullopt,
-                   const Perturbation& p = {});
+                   const Perturbation& p = {}, Variant v = Variant::Default);
 
 }  // namespace qkmla::impl
