@@ -65,8 +65,7 @@ struct Yardstick {
   // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: six
   // orders (forward, reversed, 2 and 8 lanes, split-KV into 2 and 4 chunks combined by their lse)
   // x, for the absorbed form, the exact-arithmetic variants that round different values at the
-  // same points (a PyTorch module's eager logit chain cycles with the orders: SumOrder::chain).
-  // Every sample included (the gate leaves out the judged run itself with rms()).
+  // same points. Every sample included (the gate leaves out the judged run itself with rms()).
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
 

@@ -252,27 +252,12 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     Acc rope = dot(q.rope.data(), cache.rope + t * dr, dr);
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
-      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored, in the chain
-      // the sample's order names (profile_math.hpp SumOrder::chain)
+      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored
       const auto e = [&](Acc x) { return store(*rr.eager, x); };
       const Acc ak = cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
-      const Acc rs = q.row_scale;
-      const Acc base = unified ? e(e(latent) + e(rope)) : e(latent);
-      switch (sum_order().chain) {
-        case 1:  // alpha_q x alpha_k formed first
-          return unified ? e(scale * e(base * e(rs * ak)))
-                         : e(scale * e(e(base * e(rs * ak)) + e(rope)));
-        case 2: {  // sigma x alpha_q formed first (sigma alone where the query carries alpha_q:
-          // a float scale is not stored), the rope part scaled alone
-          bool carries = false;
-          if constexpr (std::is_floating_point_v<Acc>) carries = rs == Acc(1);
-          const Acc f = carries ? scale : e(scale * rs);
-          return unified ? e(e(base * f) * ak) : e(e(e(base * f) * ak) + e(scale * e(rope)));
-        }
-        default:
-          return unified ? e(scale * e(e(base * rs) * ak))
-                         : e(scale * e(e(e(base * rs) * ak) + e(rope)));
-      }
+      const Acc x = unified ? e(e(e(e(latent) + e(rope)) * q.row_scale) * ak)
+                            : e(e(e(e(latent) * q.row_scale) * ak) + e(rope));
+      return e(scale * x);
     }
     const Acc s = q.row_scale * cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
     if (unified && pt.rope_unscaled_by_alpha_k)

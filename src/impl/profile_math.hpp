@@ -94,12 +94,6 @@ struct SumOrder {
   bool reverse = false;
   int lanes = 1;
   int splits = 1;  // attention rows split into this many KV chunks combined by their lse
-  // A module's eager logit chain (attention_core.hpp latent_attend; a design with `eager`): 0 the
-  // factors in turn, 1 the two statistics' product first, 2 the softmax scale in the query's
-  // factor. Not a summation order: legitimate op orders of the same module, each rounding other
-  // values at the stored dtype (zoo seed 84021: one shared draw of bf16 logits at ~265 hid a
-  // correct module's P rounding 0.4 % away).
-  int chain = 0;
 };
 inline SumOrder& sum_order() {
   thread_local SumOrder o;
