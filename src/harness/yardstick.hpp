@@ -62,9 +62,9 @@ struct Yardstick {
     std::map<std::string, Structure> structure;
   };
   std::vector<Sample> samples;
-  // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: six
-  // orders (forward, reversed, 2 and 8 lanes, split-KV into 2 and 4 chunks combined by their lse)
-  // x, for the absorbed form, the exact-arithmetic variants that round different values at the
+  // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: seven
+  // orders (forward, reversed, 2 and 8 lanes, split-KV into 2, 3 and 4 chunks combined by their
+  // lse) x, for the absorbed form, the exact-arithmetic variants that round different values at the
   // same points. Every sample included (the gate leaves out the judged run itself with rms()).
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
