@@ -57,6 +57,16 @@ const TensorAudit& tensor(const AuditResult& r, const std::string& t) {
   return r.tensors.front();
 }
 
+// The largest structure ratio of tensor t, each statistic's ratio printed.
+double worst_structure_ratio(const AuditResult& r, const std::string& t) {
+  double worst = 0;
+  for (const StructureCheck& s : tensor(r, t).structure) {
+    MESSAGE(s.stat << " " << s.ratio << "x");
+    worst = std::max(worst, s.ratio);
+  }
+  return worst;
+}
+
 }  // namespace
 
 // At 3f7e4fa an F32 out was read as "every rounding point fp32": conventions §3's own absorbed
@@ -376,11 +386,7 @@ TEST_CASE("audit.real_code.flashmla_fp8_dequantized_tile_and_bf16_p") {
   Design flash = spec_design(c.profile, Form::Absorbed);
   flash.p = DType::BF16, flash.exp2 = true, flash.cache = DType::BF16;
   const AuditResult r = audit(cf, run_design(cf, flash));
-  double worst = 0;
-  for (const StructureCheck& s : tensor(r, "out").structure) {
-    MESSAGE(s.stat << " " << s.ratio << "x");
-    worst = std::max(worst, s.ratio);
-  }
+  const double worst = worst_structure_ratio(r, "out");
   CHECK(r.pass());
   // A candidate's own run sits within its samples' spread (1.0x here); without the family the
   // bias was 3.8x (this forward-order run) to 4.1x (the zoo kernel's order).
@@ -457,11 +463,7 @@ TEST_CASE("audit.yardstick.kernel_wrapper_folds_alpha_q") {
   CHECK(o.tensors.at("lse").data != plain.tensors.at("lse").data);  // a different run
   const AuditResult r =
       audit(cf, {{"latent_out", o.tensors.at("latent_out")}, {"lse", o.tensors.at("lse")}});
-  double worst = 0;
-  for (const StructureCheck& s : tensor(r, "lse").structure) {
-    MESSAGE(s.stat << " " << s.ratio << "x");
-    worst = std::max(worst, s.ratio);
-  }
+  const double worst = worst_structure_ratio(r, "lse");
   CHECK(r.pass());
   // Within the folded samples' spread: lse worst_row 0.46x here; 3.85x without them.
   CHECK(worst < 2);
