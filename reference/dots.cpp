@@ -35,7 +35,8 @@ std::shared_ptr<const ExactProduct> form(const Case& k, const SlicedWeights* sli
   const Tensor& kv = k.latent();
   const Tensor& wt = weights(k, w);
   const int64_t r = k.cfg.latent_rank;
-  const double* rows = t1 > t0 ? kv.ptr({b, t0, 0}) : nullptr;
+  std::vector<double> held;  // the block's rows when the cache is held compact
+  const double* rows = t1 > t0 ? kv.rows(kv.index({b, t0, 0}), (t1 - t0) * r, held) : nullptr;
   if (sliced) return std::make_shared<const ExactProduct>(sliced_matmul(rows, r, t1 - t0, *sliced));
   return std::make_shared<const ExactProduct>(
       exact_matmul(rows, r, t1 - t0, r, wt.data.data(), wt.shape[1], wt.shape[1]));
@@ -50,9 +51,11 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w)
   const Tensor& wt = weights(k, w);
   const int64_t r = c.latent_rank;
   std::vector<int> a_spans;
+  std::vector<double> held;  // rows of a compact cache, 4096 tokens at a time (spans are per row)
   for (int b = 0; b < c.batch; ++b)
-    if (c.seqlens[size_t(b)] > 0) {
-      const std::vector<int> s = row_spans(kv.ptr({b, 0, 0}), r, c.seqlens[size_t(b)], r);
+    for (int64_t t0 = 0; t0 < c.seqlens[size_t(b)]; t0 += 4096) {
+      const int64_t n = std::min<int64_t>(4096, c.seqlens[size_t(b)] - t0);
+      const std::vector<int> s = row_spans(kv.rows(kv.index({b, t0, 0}), n * r, held), r, n, r);
       a_spans.insert(a_spans.end(), s.begin(), s.end());
     }
   const Slicing plan =
@@ -148,9 +151,12 @@ void Dots::Pending::run(int piece) {
   bool last = false;
   try {
     if (sliced_) {
-      std::call_once(sliced_once_, [&] {
-        product_ = std::make_unique<SlicedProduct>(k_->latent().ptr({b_, t0_, 0}),
-                                                   k_->cfg.latent_rank, t1_ - t0_, *sliced_);
+      std::call_once(sliced_once_, [&] {  // the product keeps its own slices of the rows
+        const Tensor& kv = k_->latent();
+        const int64_t r = k_->cfg.latent_rank;
+        std::vector<double> held;
+        product_ = std::make_unique<SlicedProduct>(
+            kv.rows(kv.index({b_, t0_, 0}), (t1_ - t0_) * r, held), r, t1_ - t0_, *sliced_);
       });
       product_->tile(piece);
     } else {

@@ -104,7 +104,9 @@ bool ExplicitRows::visible(size_t x, int64_t t) const {
 // visible row, its rope logit term; unified: the part its norm sees and that part's sum of squares.
 void ExplicitRows::token_rope(int64_t t, size_t slot) {
   const bool ntr = c_.rope_order == RopeOrder::NormThenRope;
-  const double* zk_raw = k_.get("k_pe").ptr({b_, t, 0});
+  const Tensor& kpe = k_.get("k_pe");
+  std::vector<double> held;
+  const double* zk_raw = kpe.rows(kpe.index({b_, t, 0}), c_.d_r, held);
   MpVec& z = rope_[slot];                                     // [d_r]
   for (int j = 0; j < c_.d_r; ++j) z[size_t(j)] = zk_raw[j];  // exact
   if (c_.norm == NormMode::Unified) {  // U.1: the rope part the norm sees (rotated: rope_then_norm)
@@ -174,11 +176,14 @@ void ExplicitRows::softmax() {  // E.6; p = exp(logit - lse) is formed again as 
 // latent_out likewise with c[t] (a double, exact).
 void ExplicitRows::values(int64_t t0, int64_t t1) {
   const Tensor& kv = k_.latent();
+  const int64_t r = c_.latent_rank;
+  std::vector<double> held;  // c[t] of a compact cache
   Mp p, logit;
   MpVec v(size_t(c_.d_v));  // v[t, g] [d_v]
   for (int g = 0; g < c_.groups; ++g) {
     if (!needed_[size_t(g)]) continue;
     for (int64_t t = t0; t < t1; ++t) {
+      const double* ct = latent_ ? kv.rows(kv.index({b_, t, 0}), r, held) : nullptr;  // c[t] [r]
       for (int j = 0; j < c_.d_v; ++j) set_expansion(v[size_t(j)], v_.entry(t, g * c_.d_v + j));
       for (size_t x : by_group_[size_t(g)]) {
         if (!visible(x, t)) continue;
@@ -187,7 +192,6 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
         for (int j = 0; j < c_.d_v; ++j)
           out_[x][size_t(j)].add_product(p.backend().data(), v[size_t(j)].backend().data());
         if (!latent_) continue;
-        const double* ct = kv.ptr({b_, t, 0});  // c[t] [r]
         for (size_t j = 0; j < lat_[x].size(); ++j)
           lat_[x][j].add_product(p.backend().data(), ct[j]);
       }

@@ -39,7 +39,10 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
   const int r = c.latent_rank, G = c.groups;
   const bool unified = c.norm == NormMode::Unified;
   const Tensor& kv = k.latent();
-  const double* rows_c = T > 0 ? kv.ptr({b, 0, 0}) : nullptr;  // c [T, r]
+  // c[t0, t0 + n) [n, r]: into the case, or into `held` when the cache is held compact
+  auto rows_c = [&](int64_t t0, int64_t n, std::vector<double>& held) {
+    return kv.rows(kv.index({b, t0, 0}), n * r, held);
+  };
   const Mp scale = hook::softmax_scale(p, c);
   const size_t rows = q.q_latent.size();
   const int n = int(std::clamp<int64_t>(threads, 1, std::max<int64_t>(T, 1)));
@@ -67,16 +70,22 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
   // A.4: q_latent . c[t], exact sums (X.4) of the P-bit q_latent, a block of tokens at a time with
   // the extraction plan of the whole c^T [r, T] (S.5), then the logits of the visible tokens.
   WholeB whole;
-  whole.add(rows_c, T, r, r);  // the entries of c^T
+  {
+    std::vector<double> held;
+    for (int64_t t0 = 0; t0 < T; t0 += 4096)  // the entries of c^T
+      whole.add(rows_c(t0, std::min<int64_t>(4096, T - t0), held), std::min<int64_t>(4096, T - t0),
+                r, r);
+  }
   each_chunk(chunks, [&](Chunk& ch) {
     ch.logits.resize(rows);
-    std::vector<double> c_t;  // c^T of the block [r, nb]
+    std::vector<double> c_t, held;  // c^T of the block [r, nb]
     Mp a, s, rope;
     for (int64_t t0 = ch.t0; t0 < ch.t1; t0 += kScoreTokens) {
       const int64_t nb = std::min(kScoreTokens, ch.t1 - t0);
+      const double* cb = rows_c(t0, nb, held);  // [nb, r]
       c_t.resize(size_t(r * nb));
       for (int64_t t = 0; t < nb; ++t)
-        for (int l = 0; l < r; ++l) c_t[size_t(l * nb + t)] = rows_c[(t0 + t) * r + l];
+        for (int l = 0; l < r; ++l) c_t[size_t(l * nb + t)] = cb[t * r + l];
       const std::vector<MpVec> latent = mp_times_doubles(q.q_latent, r, c_t.data(), nb, nb, &whole);
       for (size_t row = 0; row < rows; ++row) {
         const int i = int(row) / c.heads, g = hook::group_of(p, c, int(row) % c.heads);
@@ -109,6 +118,7 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
     std::vector<size_t> next(row1 - row0, 0);  // the next logit of each row in its chunk
     std::vector<ExactSum> sums(size_t(r) * (row1 - row0));            // [rows of the task, r]
     std::vector<MpVec> pb(row1 - row0, MpVec(size_t(kScoreTokens)));  // [rows][block tokens]: p_t
+    std::vector<double> held;
     Mp logit;
     for (const Chunk& ch : chunks) {
       std::fill(next.begin(), next.end(), 0);
@@ -127,7 +137,7 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
             out = exp(logit - res.lse[row]);  // E.6's p_t
           }
         }
-        add_mp_times_doubles(pb, nb, rows_c + t0 * r, r, r, sums);  // X.4, X.6: exact
+        add_mp_times_doubles(pb, nb, rows_c(t0, nb, held), r, r, sums);  // X.4, X.6: exact
       }
     }
     for (size_t row = row0; row < row1; ++row)

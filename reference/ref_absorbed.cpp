@@ -102,7 +102,8 @@ Mp absorbed_query(const Ctx& x, int b, int i, int h, MpVec& q_latent, MpVec& rop
 Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) {
   const Tensor& kv = k.latent();
   const int r = k.cfg.latent_rank;
-  const MpVec ct = to_mp(kv.ptr({b, t, 0}), r);
+  std::vector<double> held;
+  const MpVec ct = to_mp(kv.rows(kv.index({b, t, 0}), r, held), r);  // c[t] [r]
   Mp mlm, row, out;
   ExactSum acc, row_sum;  // the sums exact (X.6), each rounded once
   for (int l = 0; l < r; ++l) {
@@ -127,7 +128,8 @@ void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
   const bool ntr = hook::norm_then_rope(x.p, c);
   // In place (exact assignments): the caller's vectors keep their values' storage across tokens.
-  const double* zk = kpe.ptr({b, t, 0});  // [d_r]
+  std::vector<double> held;
+  const double* zk = kpe.rows(kpe.index({b, t, 0}), c.d_r, held);  // [d_r]
   rope.resize(size_t(c.d_r));
   for (int j = 0; j < c.d_r; ++j) rope[size_t(j)] = zk[j];
   alpha_k.resize(size_t(c.groups));
@@ -146,7 +148,9 @@ void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
     int n = c.d_c;
     if (x.p.key_stat_from_latent) {
       const Tensor& kv = x.k.latent();
-      ss = sum_squares(to_mp(kv.ptr({b, t, 0}), c.latent_rank)), n = c.latent_rank;
+      std::vector<double> held;
+      ss = sum_squares(to_mp(kv.rows(kv.index({b, t, 0}), c.latent_rank, held), c.latent_rank));
+      n = c.latent_rank;
     }
     if (hook::joint_key_stat(x.p, c)) ss += rope_sq, n += c.d_r;
     alpha_k[size_t(g)] = hook::inv_rms(x.p, ss, n, x.eps);

@@ -93,3 +93,32 @@ TEST_CASE("report.thread_count_changes_no_value") {
       CHECK(one.references[p].agreeing_bits == r->references[p].agreeing_bits);
   }
 }
+
+TEST_CASE("report.compact_latent_changes_no_value") {
+  // The report's implementations, the CPU model and the reference all read a compact cache
+  // (compact_latent_values = 0 compacts every float cache, k_pe and the rope tables): every value
+  // must be the same.
+  const uint64_t seed = test::seed(62);
+  CAPTURE(seed);
+  auto report_with = [&](int64_t compact_from) {
+    ReportOptions o;
+    o.cfg = test::tiny_config(Profile::BF16, {0, 9, 33}, 2, NormMode::Unified, seed);
+    o.cfg.set_default_scale();
+    o.profiles = {Profile::FP32, Profile::BF16, Profile::FP16};
+    o.compact_latent_values = compact_from;
+    return run_report(o);
+  };
+  const Report whole = report_with(int64_t(1) << 40), compact = report_with(0);
+  REQUIRE(whole.rows.size() > 20);
+  REQUIRE(compact.rows.size() == whole.rows.size());
+  for (size_t i = 0; i < whole.rows.size(); ++i) {
+    const Row &a = whole.rows[i], &b = compact.rows[i];
+    CAPTURE(to_string(a.impl));
+    CAPTURE(a.tensor);
+    CHECK(to_string(a.impl) == to_string(b.impl));
+    CHECK(std::memcmp(&a.m.rel_l2, &b.m.rel_l2, sizeof(double)) == 0);
+    CHECK(std::memcmp(&a.m.max_ulp, &b.m.max_ulp, sizeof(double)) == 0);
+  }
+  for (size_t p = 0; p < whole.references.size(); ++p)
+    CHECK(whole.references[p].agreeing_bits == compact.references[p].agreeing_bits);
+}

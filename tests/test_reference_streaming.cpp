@@ -65,6 +65,49 @@ TEST_CASE("reference.streaming.blocks_equal_whole_products") {
     }
 }
 
+// A long context's cache held as floats (Tensor::compact, report's compact_latent_values): the
+// reference reads the same values through Tensor::rows, whole or streamed, single or paired runs.
+TEST_CASE("reference.streaming.compact_cache_same_bits") {
+  const uint64_t s = test::seed(1205);
+  CAPTURE(s);
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
+    CAPTURE(int(norm));
+    const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
+    Case c = k;
+    REQUIRE(compact_long_context(c, 0));
+    REQUIRE(c.get("kv_c").is_compact());
+    for (const char* name : {"k_pe", "rope_cos", "rope_sin"}) CHECK(c.get(name).is_compact());
+    CHECK(c.get("kv_c").data.empty());
+    for (const int64_t block : {int64_t(0), int64_t(64)}) {
+      CAPTURE(block);
+      const ref::Dots dk(k, {block, 4}), dc(c, {block, 4});
+      ref::PrecisionScope scope(113);
+      check_identical(ref::ref_explicit(k, dk, true), ref::ref_explicit(c, dc, true));
+      check_identical(ref::ref_absorbed(k, dk), ref::ref_absorbed(c, dc));
+      check_identical(ref::ref_absorbed(k, dk, Variant::GramAlphaK),
+                      ref::ref_absorbed(c, dc, Variant::GramAlphaK));
+      if (block == 0) continue;
+      const ref::Dots pk(k, {block, 4}), pc(c, {block, 4});
+      const auto [kp, kc] = ref::ref_explicit_pair(k, pk, true, 113, 177, 2);
+      const auto [cp, cc] = ref::ref_explicit_pair(c, pc, true, 113, 177, 2);
+      check_identical(kp, cp);
+      check_identical(kc, cc);
+    }
+  }
+}
+
+TEST_CASE("reference.streaming.compact_refuses_what_a_float_cannot_hold") {
+  Case k = generate_case(test::tiny_config(Profile::FP64, {40}, 1));
+  CHECK_FALSE(compact_long_context(k, 0));  // F64 values
+  Case q = generate_case(test::tiny_config(Profile::FP8, {40}, 1));
+  CHECK_FALSE(compact_long_context(q, 0));  // fp8 codes: the dequantized cache is what is read
+  Case b = generate_case(test::tiny_config(Profile::BF16, {40}, 1));
+  CHECK_FALSE(compact_long_context(b, b.get("kv_c").numel() + 1));  // below the size asked for
+  CHECK_FALSE(b.get("kv_c").is_compact());
+  Tensor t(DType::F64, {2, 3}, 0.5);
+  CHECK_THROWS_AS(t.compact(), std::logic_error);
+}
+
 TEST_CASE("reference.streaming.long_cases_stream") {
   const Case k = generate_case(test::tiny_config(Profile::BF16, {5000}, 1));
   // [5000, G*(d_c+d_v)] products: whole under a large budget, streamed under a small one.

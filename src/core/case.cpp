@@ -80,6 +80,19 @@ void attach_latent(Case& k) {
   k.dequant = std::move(d);
 }
 
+bool compact_long_context(Case& k, int64_t min_values) {
+  if (!k.has("kv_c") || k.get("kv_c").numel() < min_values) return false;
+  auto narrow = [](const Tensor& t) {
+    return t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16;
+  };
+  for (const char* name : {"k_pe", "rope_cos", "rope_sin"})
+    if (k.has(name) && narrow(k.get(name))) k.tensors.at(name).compact();
+  Tensor& kv = k.tensors.at("kv_c");
+  if (k.has("kv_c_scale") || !narrow(kv)) return false;
+  kv.compact();
+  return true;
+}
+
 namespace {
 
 // FlashMLA's block scale (the quantizer in its own tests): 2^ceil(log2(max(amax / 448, 1e-4))),

@@ -40,6 +40,11 @@ struct Case {
 // Sets k.dequant when the case carries kv_c_scale (fp8 profile) and k.topk_sorted under top-k.
 void attach_latent(Case& k);
 
+// A long context's per-token tensors held as floats (Tensor::compact: the same values, half the
+// memory) when kv_c has at least `min_values` values: kv_c where it is the latent itself (not fp8
+// codes), k_pe and the rope tables; F64 tensors stay. Returns whether kv_c was compacted.
+bool compact_long_context(Case& k, int64_t min_values);
+
 // fp8 profile: per token, scale_t = amax_t / 448 rounded to fp32 (1 for an all-zero row) and
 // code = RNE(c / scale_t) saturating at +-448; kv_c becomes the codes (F8_E4M3) and kv_c_scale
 // [B, T_max] is added (NaN past T_b, like the cache rows). Then attach_latent.

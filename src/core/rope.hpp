@@ -26,7 +26,7 @@ void rope_rotate(T* z, int d_r, RopeStyle style, const Tensor& cos, const Tensor
   for (int j = 0; j < half; ++j) {
     int ia, ib;
     rope_pair(style, d_r, j, ia, ib);
-    const T c = T(cos[p * half + j]), s = T(sin[p * half + j]);
+    const T c = T(cos.value(p * half + j)), s = T(sin.value(p * half + j));
     const T a = z[ia], b = z[ib];
     z[ia] = a * c - b * s;
     z[ib] = a * s + b * c;

@@ -107,8 +107,8 @@ LatentCache<Acc> build_cache(const Case& k, int b, const std::vector<Acc>& wk, A
         eager_step(eager, keys.data(), int(keys.size()));
       }
     }
-    std::vector<Acc> z(kpe.data.begin() + kpe.index({b, t, 0}),
-                       kpe.data.begin() + kpe.index({b, t, 0}) + dr);
+    std::vector<Acc> z(static_cast<size_t>(dr));  // [d_r]
+    kpe.read(kpe.index({b, t, 0}), dr, z.data());
     if (none) {  // plain MLA: the rotated raw rope key, alpha_k = 1
       rotate(z.data(), k, t);
       lc.alpha_k.insert(lc.alpha_k.end(), size_t(G), Acc(1));

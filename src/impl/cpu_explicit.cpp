@@ -99,7 +99,8 @@ Acc group_key(const Case& k, int b, int64_t t, const KeyGains<Acc>& gains, Acc e
   const Tensor& kpe = k.get("k_pe");
   const int dc = c.d_c, dr = c.d_r;
   const bool ntr = c.rope_order == RopeOrder::NormThenRope;
-  const double* zk = kpe.ptr({b, t, 0});  // [d_r] the raw rope key
+  std::vector<double> held;
+  const double* zk = kpe.rows(kpe.index({b, t, 0}), dr, held);  // [d_r] the raw rope key
   std::copy(zk, zk + dr, kr);
   Acc alpha_k = 1;
   if (c.norm == NormMode::None) {

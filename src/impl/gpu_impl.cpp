@@ -19,6 +19,7 @@ std::string gpu_not_applicable(const MlaConfig& c) {
 namespace {
 
 std::vector<float> floats(const Tensor& t) {
+  if (t.is_compact()) return t.floats;
   return std::vector<float>(t.data.begin(), t.data.end());
 }
 
@@ -67,9 +68,8 @@ gpu::GpuCase to_gpu_case(const Case& k, bool cache_by_rows) {
   g.q_pe = floats(k.get("q_pe"));
   const Tensor& kv = k.get("kv_c");  // [B, t_max, r]
   if (cache_by_rows)
-    g.kv_c_rows = [&kv](int b, int t0, int n, float* rows) {
-      const double* p = kv.ptr({b, t0, 0});
-      std::copy_n(p, size_t(n) * size_t(kv.shape[2]), rows);  // exact, as floats() is
+    g.kv_c_rows = [&kv](int b, int t0, int n, float* rows) {  // exact, as floats() is
+      kv.read(kv.index({b, t0, 0}), int64_t(n) * kv.shape[2], rows);
     };
   else
     g.kv_c = floats(kv);

@@ -44,11 +44,11 @@ struct LatentSource {
   template <class Acc>
   void read(int64_t t0, int64_t n, Acc* out) const {
     const int64_t r = width();
-    const double* src = kv->ptr({b, t0, 0});
     if (!scale) {
-      for (int64_t i = 0; i < n * r; ++i) out[i] = Acc(src[i]);
+      kv->read(kv->index({b, t0, 0}), n * r, out);  // either storage (a compact long cache)
       return;
     }
+    const double* src = kv->ptr({b, t0, 0});                             // fp8 codes: never compact
     const int64_t per = scale->shape.size() == 3 ? scale->shape[2] : 1;  // scale j: 128 j ...
     const int64_t block = per > 1 ? 128 : r;
     for (int64_t t = 0; t < n; ++t)

@@ -184,7 +184,10 @@ Report run_report(const ReportOptions& opts) {
   for (size_t i = 0; i < runs.size(); ++i) {
     MlaConfig c = rep.cfg;
     c.profile = opts.profiles[i];
-    tasks.push_back([&runs, i, c] { runs[i].k = generate_case(c); });  // independent draws
+    tasks.push_back([&runs, i, c, &opts] {  // independent draws
+      runs[i].k = generate_case(c);
+      compact_long_context(runs[i].k, opts.compact_latent_values);
+    });
     for (const ImplId& id : registered_ids(c, kReport))
       if (wanted(id, opts)) runs[i].ids.push_back(id);
     cases.push_back(&runs[i].k);
