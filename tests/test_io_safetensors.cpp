@@ -92,6 +92,16 @@ TEST_CASE("io.safetensors.malformed") {
             "\"y\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
             12);
   CHECK(read_error(p).find("overlaps") != std::string::npos);
+  // An empty tensor at another's offset holds no bytes: not an overlap (zoo seed 95001), in
+  // either order of the header.
+  for (const char* name : {"a", "z"}) {
+    write_raw(p,
+              "{\"m\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, \"" +
+                  std::string(name) +
+                  "\": {\"dtype\": \"F32\", \"shape\": [2, 0], \"data_offsets\": [4, 4]}}",
+              8);
+    CHECK(read_error(p).empty());
+  }
   write_raw(p, "{\"x\": {\"dtype\": \"F7\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8);
   CHECK(read_error(p).find("x: unsupported dtype 'F7'") != std::string::npos);
   write_raw(p, "{\"x\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8);
