@@ -468,3 +468,36 @@ TEST_CASE("audit.yardstick.kernel_wrapper_folds_alpha_q") {
   // Within the folded samples' spread: lse worst_row 0.46x here; 3.85x without them.
   CHECK(worst < 2);
 }
+
+// Zoo seed 95108 (torch_eager, fp16, plain MLA, large_logits, sinks): a PyTorch module with a sink
+// folds it into P (the sink logit concatenated to the scores, one fp32 softmax, its column
+// dropped, then .type_as(x), as gpt-oss does); a one-token row whose sink factor is 1e-7 then
+// stores a subnormal fp16 P, a +19 % row scale, and the module failed on latent_out row_bias at
+// 7.43x the designs that scale the output. The designs that fold the sink into P are sampled for
+// sink cases: such a module, in an order the yardstick does not run (4 lanes), passes (row_bias
+// 1.0x; 7.43x without the new family).
+TEST_CASE("audit.real_code.sink_folded_into_p") {
+  MlaConfig c = test::tiny_config(Profile::FP16, {0, 21, 95, 2}, 2, NormMode::None,
+                                  test::seed(95108), "tiny-nope");
+  c.scenario = "large_logits", c.attn_sink = true;
+  c.rope_order = RopeOrder::RopeThenNorm, c.rope_style = RopeStyle::Half;
+  CAPTURE(c.seed);
+  const CaseFile cf = golden_of(c);
+  Design torch = spec_design(c.profile, Form::Absorbed);
+  torch.score = torch.p = torch.latent_out = DType::F16, torch.p_normalized = true;
+  torch.eager = DType::F16;
+  Design folded = torch;
+  folded.sink_in_p = true;
+  impl::SumOrder lanes4;
+  lanes4.lanes = 4;
+  const impl::SumOrder saved = std::exchange(impl::sum_order(), lanes4);
+  const Outputs run = impl::cpu_absorbed(cf.k, {{Variant::Default, {}, folded}})[0];
+  std::map<std::string, Tensor> outs;
+  for (const char* t : {"out", "lse", "latent_out"}) outs[t] = run.tensors.at(t);
+  const Outputs plain = impl::cpu_absorbed(cf.k, {{Variant::Default, {}, torch}})[0];
+  impl::sum_order() = saved;
+  CHECK(outs.at("latent_out").data != plain.tensors.at("latent_out").data);  // P scaled first
+  const AuditResult r = audit(cf, outs);
+  CHECK(r.pass());
+  CHECK(worst_structure_ratio(r, "latent_out") < 2);
+}

@@ -94,6 +94,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
                                  : k == "exp2"         ? &Design::exp2
                                  : k == "rsqrt"        ? &Design::approx_rsqrt
                                  : k == "p_normalized" ? &Design::p_normalized
+                                 : k == "sink_in_p"    ? &Design::sink_in_p
                                  : k == "gram_alpha_k" ? &Design::gram_alpha_k
                                                        : nullptr;
     if (option) {
@@ -145,6 +146,7 @@ std::string to_string(const Design& d) {
   if (d.exp2) s += ",exp2=yes";
   if (d.approx_rsqrt) s += ",rsqrt=approx";
   if (d.p_normalized) s += ",p_normalized=yes";
+  if (d.sink_in_p) s += ",sink_in_p=yes";
   if (d.gram_alpha_k) s += ",gram_alpha_k=yes";
   return d.gains_merged ? s + ",gains=merged" : s;
 }

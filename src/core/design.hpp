@@ -48,13 +48,18 @@ struct Design {
   // P stored after the softmax's division (a module: softmax(...).type_as(x)) rather than as a
   // kernel stores its tile, exp(l - m) with the largest weight exactly 1, dividing after p.c.
   bool p_normalized = false;
+  // With p_normalized, an attention sink's exp(s_h) joins the softmax's denominator before P is
+  // stored (a PyTorch module: the sink logit concatenated to the scores, one fp32 softmax, its
+  // column dropped, then .type_as(x): gpt-oss, HF eager with sinks), rather than scaling the
+  // accumulated output (FlashMLA, conventions §1.5). Only sink cases differ.
+  bool sink_in_p = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
            cache == o.cache && eager == o.eager && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
            approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
-           gram_alpha_k == o.gram_alpha_k;
+           sink_in_p == o.sink_in_p && gram_alpha_k == o.gram_alpha_k;
   }
 };
 
@@ -69,7 +74,8 @@ Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
 // kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager; values: fp64, fp32, bf16, fp16,
-// or "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q, exp2, rsqrt = yes|no):
+// or "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q, exp2, rsqrt,
+// p_normalized, sink_in_p, gram_alpha_k = yes|no):
 // starts from spec_design(profile, form) and sets the keys given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);

@@ -94,6 +94,16 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   Design normalized = base;
   normalized.p = D, normalized.p_normalized = true;
   add("P stored after the softmax's division", normalized);
+  // With a sink, a PyTorch core may fold it into P before P is stored (gpt-oss, HF eager: the
+  // sink logit concatenated to the scores, its column dropped after the softmax): in fp16, a P
+  // that the sink pushes below the normal range is a subnormal, a row scale of up to ~20 %
+  // (zoo seed 95108: a module's latent_out row_bias 7.4x the designs that scale the output).
+  auto with_sink_in_p = [&](const std::string& family, Design d) {
+    if (!c.attn_sink) return;
+    d.sink_in_p = true;
+    add(family + ", sink folded into P", d);
+  };
+  with_sink_in_p("P stored after the softmax's division", normalized);
   // A module storing every op's output stores out too; kernel-level references compute in fp32.
   if (base.form != Form::Kernel && base.out == D) {
     Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
@@ -103,6 +113,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     if (torch.form == Form::Absorbed) torch.eager = D;
     if (is_fp8(c.profile)) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
+    with_sink_in_p("PyTorch module (every op stored)", torch);
   }
   if (base.form != Form::Kernel) {  // a kernel's q_latent is given stored: folding sigma in
     Design folded = base;           // there would round it twice, which no listed design does
@@ -127,6 +138,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design normalized_deq = normalized;  // a PyTorch core over kv.to(bf16) * scale
     normalized_deq.cache = DType::BF16;
     add("P stored after the division, fp8 cache dequantized to bf16", normalized_deq);
+    with_sink_in_p("P stored after the division, fp8 cache dequantized to bf16", normalized_deq);
   }
 }
 

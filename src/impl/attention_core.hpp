@@ -5,6 +5,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -27,6 +28,10 @@ struct RowRounding {
   std::optional<DType> eager;  // each factor of the logit stored (core/design.hpp: eager)
   bool p_normalized = false;   // P stored after the division (a module) or before it (a kernel)
   bool exp2 = false;
+  // Design::sink_in_p (with p_normalized): the row's sink logit scales P before P is stored;
+  // -inf: no sink. Set per row by the caller, from the head's attn_sink.
+  bool sink_in_p = false;
+  double sink = -std::numeric_limits<double>::infinity();
   static RowRounding of(const Design& d, DType A) {
     RowRounding r;
     if (rounds_at(d.score, A)) r.score = d.score;
@@ -34,6 +39,7 @@ struct RowRounding {
     if (rounds_at(d.eager, A)) r.eager = d.eager;
     r.p_normalized = d.p_normalized;
     r.exp2 = d.exp2;
+    r.sink_in_p = d.sink_in_p && d.p_normalized;
     return r;
   }
 };
@@ -104,6 +110,11 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
   } else {
     lse = softmax(p);  // the error-bound type bounds the natural-base designs only
   }
+  if constexpr (std::is_floating_point_v<Acc>)
+    if (rr.sink_in_p && rr.sink > -std::numeric_limits<double>::infinity() && !tokens.empty()) {
+      const Acc f = sink_factor(Acc(rr.sink), lse);  // p_t / (1 + exp(s - lse)), then stored
+      for (Acc& x : p) x *= f;
+    }
   if (rr.p)
     for (Acc& x : p) x = store(*rr.p, x);
   acc.assign(size_t(width), Acc(0));
@@ -201,19 +212,30 @@ Acc lse_in_form(LseForm form, const std::vector<Acc>& logits, Acc lse, Acc scale
 
 // conventions §1.5: an attention sink multiplies a row's normalized accumulator (out, or
 // latent_out) by 1 / (1 + exp(s_h - lse)) in Acc, before the output rounding, as FlashMLA does;
-// returns the lse the row reports (unchanged by a correct sink). The error-bound type has no
-// proven step for the sink: the registry gives no bounds for sink cases.
+// returns the lse the row reports (unchanged by a correct sink). A design that folds the sink into
+// P (`rr.sink_in_p`: attend_row scaled P already) only reports the lse. The error-bound type has
+// no proven step for the sink: the registry gives no bounds for sink cases.
 template <class Acc>
-Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector<Acc>& acc) {
+Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector<Acc>& acc,
+               const RowRounding& rr = {}) {
   if (!k.cfg.attn_sink) return lse;
   if constexpr (!std::is_floating_point_v<Acc>) {
     throw std::logic_error("no proven error bound for an attention sink");
   } else {
     const Acc s = Acc(k.sink(h));
-    const Acc f = hook::sink_scale(p, true, s, lse);
-    for (Acc& x : acc) x = product(x, f);
+    if (!rr.sink_in_p) {
+      const Acc f = hook::sink_scale(p, true, s, lse);
+      for (Acc& x : acc) x = product(x, f);
+    }
     return hook::sink_lse(p, true, s, lse);
   }
+}
+
+// The row rounding of design d for head h: its sink logit where the design folds it into P.
+inline RowRounding row_rounding(const Design& d, DType A, const Case& k, int h) {
+  RowRounding rr = RowRounding::of(d, A);
+  if (rr.sink_in_p && k.cfg.attn_sink) rr.sink = k.sink(h);
+  return rr;
 }
 
 // A.4-A.5 for one row against one sequence's cache: latent and rope scores of the visible tokens,

@@ -96,9 +96,10 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       const int g = hook::group_of(p, cf, h);
       const std::vector<int64_t> tokens = hook::tokens(p, k, b, i);
       std::vector<Acc> lat;
-      const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, RowRounding::of(d, A), lat);
+      const RowRounding rr = row_rounding(d, A, k, h);
+      const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, rr, lat);
       o.tensors["lse"].at({b, i, h}) =
-          double(hook::lse_out(p, apply_sink(k, p, h, lse, lat), Acc(std::log(2.0))));
+          double(hook::lse_out(p, apply_sink(k, p, h, lse, lat, rr), Acc(std::log(2.0))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6

@@ -162,7 +162,6 @@ Outputs run(const Case& k, const Design& d) {
   const DType A = accumulate_dtype(c.profile);
   const Acc eps = constant<Acc>(c.eps), scale = design_scale<Acc>(d, c.softmax_scale);
   const Acc sigma = constant<Acc>(c.softmax_scale);
-  const RowRounding rr = RowRounding::of(d, A);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const KeyGains<Acc> gains(k);
   const bool stats = c.norm != NormMode::None;
@@ -181,6 +180,7 @@ Outputs run(const Case& k, const Design& d) {
         for (int h = 0; h < H; ++h) {
           if (c.group_of(h) != g) continue;
           const ExplicitQuery<Acc> q = query<Acc>(k, b, i, h, eps, d, sigma);
+          const RowRounding rr = row_rounding(d, A, k, h);
           aq.at({b, i, h}) = double(q.alpha_q);
           const std::vector<int64_t> tokens = k.tokens(b, i);
           auto logit = [&](int64_t t) {  // E.5
@@ -192,7 +192,7 @@ Outputs run(const Case& k, const Design& d) {
           auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
           const Acc row_lse = attend_row(tokens, logit, value, dv, acc, rr);  // E.6-E.7
-          lse.at({b, i, h}) = double(apply_sink(k, Perturbation{}, h, row_lse, acc));
+          lse.at({b, i, h}) = double(apply_sink(k, Perturbation{}, h, row_lse, acc, rr));
           for (int j = 0; j < dv; ++j)
             out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
         }

@@ -119,11 +119,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
         }
         const std::vector<int64_t> tokens = hook::tokens(pt, k, b, i);
         std::vector<Acc> lat;
-        const Acc row_lse = latent_attend(cf, q, view, cf.group_of(h), tokens,
-                                          design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt,
-                                          RowRounding::of(d, A), lat);
+        const RowRounding rr = row_rounding(d, A, k, h);
+        const Acc row_lse =
+            latent_attend(cf, q, view, cf.group_of(h), tokens,
+                          design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt, rr, lat);
         lse[row] =
-            double(hook::lse_out(pt, apply_sink(k, pt, h, row_lse, lat), Acc(std::log(2.0))));
+            double(hook::lse_out(pt, apply_sink(k, pt, h, row_lse, lat, rr), Acc(std::log(2.0))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }
