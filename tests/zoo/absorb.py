@@ -14,6 +14,8 @@ sdpa and triton styles carry their own preludes.
 """
 import numpy as np
 
+from common import FP8_BLOCK
+
 
 def rotate(x, cos, sin, style):
     d2 = x.shape[-1] // 2
@@ -47,7 +49,12 @@ def absorb(cs, bug=None):
     w_uk = cs.get("w_uk", A)                                       # [r, G*dc]
     if cs.is_fp8():
         code = cs.raw("kv_c").astype(A)
-        c_full = code * cs.raw("kv_c_scale").astype(A)[..., None]  # dequant for the append GEMM
+        sc = cs.raw("kv_c_scale").astype(A)
+        if sc.ndim == 3:                                           # fp8-block128: scale of value j
+            sc = sc[..., np.arange(r) // FP8_BLOCK]                # is block j // 128's
+        else:
+            sc = sc[..., None]
+        c_full = code * sc                                         # dequant for the append GEMM
     else:
         c_full = cs.get("kv_c", A)
     # append path: transient key per group, alpha_k cached fp32 (rows >= T_b: garbage, never read)

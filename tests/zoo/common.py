@@ -24,11 +24,15 @@ from safetensors.numpy import save_file
 BF16 = ml_dtypes.bfloat16
 F8E4M3 = ml_dtypes.float8_e4m3fn
 
-# stored dtype per profile (conventions §3); fp8: the latent cache is e4m3 + per-token scale, the rest bf16
-STORED = {"fp64": np.float64, "fp32": np.float32, "bf16": BF16, "fp16": np.float16, "fp8": BF16}
+# stored dtype per profile (conventions §3); fp8: the latent cache is e4m3 + per-token scale, the rest
+# bf16; fp8-block128: e4m3 + one power-of-two scale per 128 latent values (kv_c_scale [B, T, ceil(r/128)])
+STORED = {"fp64": np.float64, "fp32": np.float32, "bf16": BF16, "fp16": np.float16, "fp8": BF16,
+          "fp8-block128": BF16}
 # accumulate dtype per profile
 ACCUM = {"fp64": np.float64, "fp32": np.float32, "bf16": np.float32, "fp16": np.float32,
-         "fp8": np.float32}
+         "fp8": np.float32, "fp8-block128": np.float32}
+# latent values per scale in fp8-block128 (conventions §3; the last block shorter when r % 128 != 0)
+FP8_BLOCK = 128
 
 
 _DT = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": BF16,
@@ -92,6 +96,14 @@ class Case:
 
     def is_fp8(self):
         return self.t["kv_c"].dtype == F8E4M3
+
+    def is_block128(self):
+        """fp8-block128: kv_c_scale is [B, T_max, ceil(r/128)], not [B, T_max]."""
+        return self.is_fp8() and self.t["kv_c_scale"].ndim == 3
+
+    def features(self):
+        """The §1.5 features this case uses: a subset of ("topk", "attn_sink")."""
+        return tuple(f for f, n in (("topk", "indices"), ("attn_sink", "attn_sink")) if self.has(n))
 
 
 def load(case):

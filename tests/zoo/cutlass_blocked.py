@@ -30,6 +30,7 @@ LEVELS = ("module", "kernel")
 BUGS = ["one_head", "one_sequence", "row_denominator_bf16", "scale_bias",
         "causal_off_by_one", "missing_rescale"]
 BLOCK_N, KT_QK, KT_PV = 64, 32, 16
+FEATURES = ("topk", "attn_sink")   # conventions §1.5: reads indices and attn_sink when present
 
 
 def bug_applies(cfg, bug):
@@ -206,8 +207,10 @@ def run(case, bug=None):
         live_rows = l > 0
         o = np.where(live_rows[:, None], acc / np.where(live_rows, l, 1)[:, None], 0)
         row_lse = np.where(live_rows, (m + np.log2(np.where(live_rows, l, 1))) * A(np.log(2.0)), -np.inf)
-        if sinks is not None:
-            o = o * (1.0 / (1.0 + np.exp(sinks[rows_h] - row_lse)))[:, None]
+        if sinks is not None:                            # a row without tokens keeps out = 0 (no
+            with np.errstate(invalid="ignore"):          # exp(-inf - -inf) = NaN for a -inf sink)
+                f = np.where(live_rows, 1.0 / (1.0 + np.exp(sinks[rows_h] - row_lse)), 0)
+            o = o * f[:, None]
         if bug == "one_sequence" and b == odd:
             o = o * A(1.004)
         lat[b] = o.reshape(S, H, r)

@@ -11,13 +11,15 @@ two-pass kernel per request:
     (row max, exp2, row sum), P kept fp32 for P.V, fp32 accumulation;
   - FlashInfer's lse is base 2: the adapter converts it to the natural log (* ln 2);
   - latent_out written in the stored dtype (bf16 in fp8).
+fp8-block128: the scale page holds ceil(r/128) scales per slot, value j takes scale j // 128
+(then bf16, exact). Not applicable to top-k and sink cases (FEATURES = ()).
 In the other profiles it is a plain fp32-accumulate kernel with stored-dtype output (fp64 in fp64).
 Host: absorb.py prelude; out = latent_out(stored) . W_UV, fp32 accumulation, stored dtype.
 """
 import numpy as np
 
 from absorb import kernel_inputs
-from common import BF16, load
+from common import BF16, FP8_BLOCK, load
 
 LEVELS = ("module", "kernel")
 PAGE = 16
@@ -36,7 +38,9 @@ def build_pages(cs, ki, bug=None):
     dr = ki["k_rope"].shape[2] if "k_rope" in ki else 0
     ckv = np.full((total, PAGE, r), np.nan, np.float32 if cs.accum == np.float32 else np.float64)
     kpe = np.full((total, PAGE, dr), np.nan, ckv.dtype)
-    scl = np.full((total, PAGE), np.nan, np.float32)
+    sc_in = ki["kv_c_scale"] if cs.is_fp8() else None
+    # ckv_scale_cache [pages, PAGE] (one scale per token), or [pages, PAGE, ceil(r/128)] (block128)
+    scl = np.full((total, PAGE) + (sc_in.shape[2:] if sc_in is not None else ()), np.nan, np.float32)
     aks = np.full((total, PAGE, cs.G), np.nan, ckv.dtype)
     fp8 = cs.is_fp8()
     codes = np.zeros((total, PAGE, r), np.float32) if fp8 else None
@@ -67,10 +71,16 @@ def _load_pages(cs, pool, b, bug):
     L = int(pool["kv_len"][b])
     slot_ok = (np.arange(len(idx) * PAGE) < L)
     if cs.is_fp8():
-        sc = pool["scale"][idx].reshape(-1)
+        r = pool["codes"].shape[-1]
+        sc = pool["scale"][idx].reshape((len(idx) * PAGE,) + pool["scale"].shape[2:])
         if bug == "scale_first_token":
             sc = np.full_like(sc, pool["scale"][idx[0], 0]) if len(idx) else sc
-        kv = pool["codes"][idx].reshape(len(idx) * PAGE, pool["codes"].shape[-1]) * sc[:, None]
+        if sc.ndim == 2:                          # fp8-block128: value j times scale[j // 128]
+            blk = np.arange(r) // FP8_BLOCK
+            sc = sc[:, np.zeros_like(blk) if bug == "block_scale_first" else blk]
+        else:
+            sc = sc[:, None]
+        kv = pool["codes"][idx].reshape(len(idx) * PAGE, r) * sc
         kv = kv.astype(BF16).astype(np.float32)                 # dequant -> bf16 operands
     else:
         kv = pool["ckv"][idx].reshape(len(idx) * PAGE, pool["ckv"].shape[-1])
@@ -162,13 +172,19 @@ BUGS = {
     "scale_first_token": "fp8: per-token scales treated as one per-tensor scale (token 0's)",
     "rope_pairs_swapped": "host RoPE with the other pair layout",
     "alpha_k_from_latent": "host alpha_k = 1/rms(c[t])",
+    "block_scale_first": "fp8-block128: the first 128-block's scale used for the whole latent row",
 }
+# FlashInfer's batch MLA decode (BatchMLAPagedAttentionWrapper) takes neither a sparse index
+# list per query row nor sink logits: sparse top-k and attention-sink cases are not applicable
+FEATURES = ()
 
 
 def bug_applies(cfg, bug):
     kernel = cfg.get("level") == "kernel"
     if bug == "scale_first_token":
         return cfg["profile"] == "fp8"
+    if bug == "block_scale_first":               # needs a second scale block
+        return cfg["profile"] == "fp8-block128" and int(cfg["latent_rank"]) > FP8_BLOCK
     if bug == "rope_pairs_swapped":
         return not kernel and int(cfg["d_r"]) > 0
     if bug == "alpha_k_from_latent":

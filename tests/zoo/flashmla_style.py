@@ -9,7 +9,11 @@ Kernel: for every (sequence, query row, head) the cache is streamed in 64-token 
                                       fp16 profile; not rounded in fp32/fp64)
     latent_out = acc / l -> stored dtype;  lse = (m + log2(l)) * ln(2)  (natural log, fp32)
 Blockwise: s = alpha_q*alpha_k*(q_latent.c) + q_rope.k_rope; unified: alpha_q*alpha_k*(both).
-fp8 cache: each tile dequantized in fp32 (code * scale), fed to the fp32 score/P.V products.
+fp8 cache: each tile dequantized in fp32 (code * scale), fed to the fp32 score/P.V products;
+fp8-block128: value j of a token takes its 128-block's scale (exact: e4m3 times a power of two).
+Sparse top-k (FlashMLA sparse decode): each query row gathers its listed tokens in index order,
+64 indices a tile, -1 pads skipped. Attention sink: the epilogue adds exp2(s_h*log2(e) - m) to
+the row sum l before acc / l (so out *= 1/(1 + exp(s_h - lse))); lse is from l alone.
 Host (module level): absorb.py (engine prelude), then out = latent_out(stored) . W_UV with fp32
 accumulation, rounded to the stored dtype. Works on kernel-level cases too (latent_out, lse).
 Rows past T_b are never loaded: the last tile is clipped at T_b (a masked load).
@@ -17,7 +21,7 @@ Rows past T_b are never loaded: the last tile is clipped at T_b (a masked load).
 import numpy as np
 
 from absorb import kernel_inputs
-from common import BF16, load
+from common import BF16, FP8_BLOCK, load
 
 LEVELS = ("module", "kernel")
 TILE = 64
@@ -26,7 +30,41 @@ LN2 = 0.6931471805599453
 
 
 def _p_dtype(profile):
-    return {"bf16": BF16, "fp8": BF16, "fp16": np.float16}.get(profile)
+    return {"bf16": BF16, "fp8": BF16, "fp8-block128": BF16, "fp16": np.float16}.get(profile)
+
+
+def _row_groups(cs, b, end, topk):
+    """(rows, tokens, vis) groups the kernel walks for sequence b. Dense: all S rows share the
+    cache order [0, end) and the causal mask. Sparse top-k (FlashMLA's sparse decode): each query
+    row gathers its own listed tokens in index order, the -1 pads skipped (the index set
+    replaces the causal window, conventions §1.5), so every listed token is visible."""
+    S, T = cs.S, cs.seqlens[b]
+    if topk is None:
+        tok = np.arange(end)
+        vis = (tok[None, :] <= (T - S + np.arange(S))[:, None]) if cs.causal else None
+        return [(np.arange(S), tok, vis)]
+    groups = []
+    for i in range(S):
+        idx = topk[b, i]
+        tok = idx[idx >= 0].astype(np.int64)
+        if end < T:                               # one_sequence: the list's tail tile dropped
+            tok = tok[:(tok.size // TILE) * TILE]
+        groups.append((np.array([i]), tok, None))
+    return groups
+
+
+def _dequant_tile(cs, ki, b, tok, bug):
+    """fp8: the tile's e4m3 codes times their scale in fp32 (exact: e4m3 * power of two, or the
+    per-token fp32 scale). fp8-block128: latent value j takes the scale of its 128-block j // 128
+    (FlashMLA's fp8 cache, conventions §1.5); bug block_scale_first takes block 0's for all."""
+    code = ki["kv_c"][b, tok].astype(np.float32)
+    sc = ki["kv_c_scale"][b, tok].astype(np.float32)
+    if sc.ndim == 1:
+        return code * sc[:, None]
+    cols = np.arange(code.shape[-1]) // FP8_BLOCK
+    if bug == "block_scale_first":
+        cols = np.zeros_like(cols)
+    return code * sc[:, cols]
 
 
 def decode_kernel(cs, ki, bug=None):
@@ -42,6 +80,9 @@ def decode_kernel(cs, ki, bug=None):
     q_lat_all = ki["q_latent"].astype(A)
     aq_all = ki["alpha_q"].astype(A) if "alpha_q" in ki else np.ones((B, S, H), A)
     has_rope = "q_rope" in ki and cs.dr > 0
+    topk = cs.raw("indices") if cs.has("indices") else None
+    # sink logits in the kernel's log2 domain (FlashMLA: the epilogue adds exp2(sink*log2e - m) to l)
+    sink2 = cs.get("attn_sink", A) * A(LOG2E) if cs.has("attn_sink") and bug != "sink_ignored" else None
     latent = np.zeros((B, S, H, r), A)
     lse = np.full((B, S, H), -np.inf, A)
     for b in range(B):
@@ -49,58 +90,63 @@ def decode_kernel(cs, ki, bug=None):
         end = T
         if bug == "one_sequence" and b == B - 1:
             end = (T // TILE) * TILE            # scheduler: last entry's tiles = floor(T/64)
-        q = q_lat_all[b]                        # [S,H,r]
-        aq = aq_all[b]
-        qr = ki["q_rope"][b].astype(A) if has_rope else None
-        pos = T - S + np.arange(S)
-        m = np.full((S, H), -np.inf, A)
-        l = np.zeros((S, H), A)
-        acc = np.zeros((S, H, r), A)
-        for t0 in range(0, end, TILE):
-            t1 = min(t0 + TILE, end)
-            if cs.is_fp8():
-                c = ki["kv_c"][b, t0:t1].astype(np.float32) * \
-                    ki["kv_c_scale"][b, t0:t1].astype(np.float32)[:, None]
-            else:
-                c = ki["kv_c"][b, t0:t1].astype(A)
-            s = np.einsum("shr,tr->sht", q, c)
-            if "alpha_k" in ki:
-                ak = ki["alpha_k"][b, t0:t1].astype(A)[:, gmap].T[None]     # [1,H,t]
-                rc = aq[:, :, None] * ak
-            else:
-                rc = None
-            if has_rope:
-                sr = np.einsum("shd,td->sht", qr, ki["k_rope"][b, t0:t1].astype(A))
-                if rc is None:
-                    s = s + sr
-                elif unified:
-                    s = (s + sr) * rc
+        for rows, tok_all, vis_all in _row_groups(cs, b, end, topk):
+            if bug == "topk_off_by_one" and topk is not None:
+                tok_all = tok_all + 1           # index read one slot late (T_b - 1 + 1: a NaN pad row)
+            q = q_lat_all[b, rows]              # [s,H,r]
+            aq = aq_all[b, rows]
+            qr = ki["q_rope"][b, rows].astype(A) if has_rope else None
+            ns = rows.size
+            m = np.full((ns, H), -np.inf, A)
+            l = np.zeros((ns, H), A)
+            acc = np.zeros((ns, H, r), A)
+            for t0 in range(0, tok_all.size, TILE):
+                tok = tok_all[t0:t0 + TILE]
+                if cs.is_fp8():
+                    c = _dequant_tile(cs, ki, b, tok, bug)
                 else:
-                    s = s * rc + sr
-            elif rc is not None:
-                s = s * rc
-            s = s * scale_log2
-            if cs.causal:
-                vis = np.arange(t0, t1)[None, :] <= pos[:, None]             # [S,t]
-                s = np.where(vis[:, None, :], s, -np.inf)
-            m_new = np.maximum(m, s.max(-1))
-            m_use = np.where(m_new == -np.inf, A(0), m_new)
-            corr = np.exp2(m - m_use)
-            p = np.exp2(s - m_use[..., None])
-            l = l * corr + p.sum(-1)
-            pv = p.astype(pdt).astype(A) if pdt is not None else p
-            if bug == "no_rescale":
-                acc = acc + np.einsum("sht,tr->shr", pv, c)
-            else:
-                acc = acc * corr[..., None] + np.einsum("sht,tr->shr", pv, c)
-            m = m_new
-        den = l
-        if bug == "row_denominator_bf16":
-            den = l.astype(BF16).astype(A)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            latent[b] = np.where(l[..., None] > 0, acc / den[..., None], A(0))
-            lg = np.log2(l)
-        lse[b] = np.where(l > 0, m + lg if bug == "lse_base2" else (m + lg) * A(LN2), -np.inf)
+                    c = ki["kv_c"][b, tok].astype(A)
+                s = np.einsum("shr,tr->sht", q, c)
+                if "alpha_k" in ki:
+                    ak = ki["alpha_k"][b, tok].astype(A)[:, gmap].T[None]     # [1,H,t]
+                    rc = aq[:, :, None] * ak
+                else:
+                    rc = None
+                if has_rope:
+                    sr = np.einsum("shd,td->sht", qr, ki["k_rope"][b, tok].astype(A))
+                    if rc is None:
+                        s = s + sr
+                    elif unified:
+                        s = (s + sr) * rc
+                    else:
+                        s = s * rc + sr
+                elif rc is not None:
+                    s = s * rc
+                s = s * scale_log2
+                if vis_all is not None:
+                    s = np.where(vis_all[:, None, t0:t0 + TILE], s, -np.inf)
+                m_new = np.maximum(m, s.max(-1))
+                m_use = np.where(m_new == -np.inf, A(0), m_new)
+                corr = np.exp2(m - m_use)
+                p = np.exp2(s - m_use[..., None])
+                l = l * corr + p.sum(-1)
+                pv = p.astype(pdt).astype(A) if pdt is not None else p
+                if bug == "no_rescale":
+                    acc = acc + np.einsum("sht,tr->shr", pv, c)
+                else:
+                    acc = acc * corr[..., None] + np.einsum("sht,tr->shr", pv, c)
+                m = m_new
+            den = l
+            if bug == "row_denominator_bf16":
+                den = l.astype(BF16).astype(A)
+            live = l > 0                          # a row without tokens: out 0, lse -inf (sink or not)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                lg = np.log2(l)
+                if sink2 is not None:             # l + exp(s_h - max): out *= 1/(1 + exp(s_h - lse))
+                    den = den + np.exp2(sink2[None, :] - np.where(live, m, 0))
+                latent[b, rows] = np.where(live[..., None], acc / den[..., None], A(0))
+                lsum = np.log2(den) if bug == "sink_in_lse" and sink2 is not None else lg
+            lse[b, rows] = np.where(live, m + lsum if bug == "lse_base2" else (m + lsum) * A(LN2), -np.inf)
     return latent, lse
 
 
@@ -134,7 +180,12 @@ BUGS = {
     "no_rescale": "online softmax forgets acc *= exp2(m_old - m_new)",
     "eps_outside_sqrt": "host RMS as 1/(sqrt(ms) + eps)",
     "rope_pairs_swapped": "host RoPE with the other pair layout",
+    "topk_off_by_one": "sparse: each listed token read as token + 1",
+    "sink_in_lse": "the sink term of the denominator also folded into the returned lse",
+    "sink_ignored": "the epilogue forgets the attention sink",
+    "block_scale_first": "fp8-block128: the first 128-block's scale used for the whole latent row",
 }
+FEATURES = ("topk", "attn_sink")
 
 
 def bug_applies(cfg, bug):
@@ -150,4 +201,10 @@ def bug_applies(cfg, bug):
         return not kernel and norm != "none"
     if bug == "rope_pairs_swapped":
         return not kernel and dr > 0
+    if bug == "topk_off_by_one":
+        return bool(cfg.get("topk"))
+    if bug in ("sink_in_lse", "sink_ignored"):
+        return bool(cfg.get("attn_sink"))
+    if bug == "block_scale_first":               # needs a second scale block
+        return cfg["profile"] == "fp8-block128" and int(cfg["latent_rank"]) > FP8_BLOCK
     return True

@@ -29,6 +29,7 @@ from common import load
 LEVELS = ("module",)
 BUGS = ["one_head", "one_sequence", "row_denominator_bf16", "scale_bias",
         "eps_outside_sqrt", "rope_order_swapped"]
+FEATURES = ("topk", "attn_sink")   # conventions §1.5: reads indices and attn_sink when present
 
 
 def bug_applies(cfg, bug):

@@ -7,7 +7,9 @@ For each seed a deterministic case spec is drawn (preset tiny / tiny-nope / tiny
 listed by `qkmla presets`) / paper-g8 with short seqlens <= 64; norm blockwise/unified/none; scenario
 normal/outliers/tiny_keys/large_logits; profile fp32/bf16/fp16/fp8; S_q in {1,2,4}; seqlens
 including 0 and S_q; rope order/style; causal mostly; some kernel-level cases when `golden
---level kernel` exists). `qkmla golden` writes the case; every applicable style runs correctly
+--level kernel` exists; from seed 95000 also fp8-block128, sparse top-k (`--topk K`, K 4..24)
+and attention sinks (`--attn-sink`), each in about a third of the cases; a style runs a top-k or
+sink case only if its FEATURES lists the feature). `qkmla golden` writes the case; every applicable style runs correctly
 and with each of its applicable bugs; each output file is judged by
 `qkmla audit CASE OUTS --format json --label STYLE[.BUG]` (exit 0 PASS, 1 FAIL, 2 bad input),
 plus the style's declared form where it has one (sdpa_explicit: `--form explicit`).
@@ -44,7 +46,10 @@ from common import load, save_outputs  # noqa: E402
 
 STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "sdpa_explicit",
           "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla"]
-FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239 and 88000-88559 (each held seeds that prompted a fix)"
+# seeds from here on also draw sparse top-k, attention sinks and fp8-block128 (case_spec); the
+# specs of earlier seeds are unchanged, since reports cite them
+NEW_FEATURES_FROM = 95000
+FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119 and 95500-95539 (each held seeds that prompted a fix)"
 OUTPUTS = ("out", "lse", "latent_out")
 STATS = ("rel_l2", "worst_unit", "sys_global", "sys_rows")
 
@@ -69,8 +74,9 @@ def golden_supports_level(binary):
 def case_spec(seed, presets_text, has_level):
     """Deterministic case for a seed. Cycles are coprime so short seed ranges cover the grid:
     preset seed % 8 (paper-g8 once in 8: its audits cost seconds, the tiny ones ~10 ms),
-    norm seed % 3, profile (seed // 3) % 4, scenario (seed // 2 + seed // 12) % 4,
-    kernel level when seed % 5 == 4."""
+    norm seed % 3, profile (seed // 3) % 4 (from seed 95000: % 5, fp8-block128 added),
+    scenario (seed // 2 + seed // 12) % 4, kernel level when seed % 5 == 4; from seed 95000
+    also top-k and sinks (see below)."""
     rng = np.random.default_rng(seed)
     tiny = ["tiny"] + [p for p in ("tiny-nope", "tiny-g1") if p in presets_text]
     presets = (tiny * 3)[:7] + ["paper-g8"]
@@ -96,6 +102,20 @@ def case_spec(seed, presets_text, has_level):
                 causal=bool(rng.random() < 0.8), seed=seed, level="module")
     if has_level and seed % 5 == 4:
         spec["level"] = "kernel"
+    if seed >= NEW_FEATURES_FROM:
+        # conventions §1.5 / §3 features, drawn from a second stream so that the draws above stay
+        # those of the same seed without them: profile from 5 (fp8-block128 added), sparse top-k
+        # in ~1/3 of the cases, a sink in ~1/3 (independent); fp8-block128 on a tiny preset gets
+        # r = 160 or 256 two times in three, so that a second (or a short last) scale block exists
+        spec["profile"] = ["fp32", "bf16", "fp16", "fp8", "fp8-block128"][(seed // 3) % 5]
+        rng2 = np.random.default_rng([seed, 1])
+        if rng2.random() < 1 / 3:
+            spec["topk"] = int(rng2.integers(4, 25))
+        if rng2.random() < 1 / 3:
+            spec["attn_sink"] = True
+        lr = int(rng2.choice([0, 160, 256]))
+        if spec["profile"] == "fp8-block128" and preset != "paper-g8" and lr:
+            spec["latent_rank"] = lr
     return spec
 
 
@@ -109,7 +129,19 @@ def golden_cmd(binary, spec, path):
            "-o", path]
     if spec["level"] != "module":
         cmd += ["--level", spec["level"]]
+    if spec.get("topk"):
+        cmd += ["--topk", str(spec["topk"])]
+    if spec.get("attn_sink"):
+        cmd += ["--attn-sink"]
+    if spec.get("latent_rank"):
+        cmd += ["--latent-rank", str(spec["latent_rank"])]
     return cmd
+
+
+def applicable(mod, cs):
+    """A style runs a case when it runs the case's level and every §1.5 feature the case uses is
+    in its FEATURES (a style without the attribute claims none: it is skipped on such cases)."""
+    return cs.level in mod.LEVELS and set(cs.features()) <= set(getattr(mod, "FEATURES", ()))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -193,7 +225,7 @@ def run_seed(args_tuple):
     runs = []
     for style in STYLES:
         mod = importlib.import_module(style)
-        if cs.level not in mod.LEVELS:
+        if not applicable(mod, cs):
             continue
         bugs = [] if correct_only else [b for b in mod.BUGS if mod.bug_applies(cfg, b)]
         for bug in [None] + bugs:
@@ -377,8 +409,9 @@ def main():
         n_fa = sum(1 for r in runs if r["bug"] is None and r.get("rc", 0) != 0)
         n_miss = sum(1 for r in runs if r.get("class") == "should-catch" and r.get("rc") == 0)
         sp = res["spec"]
+        feats = "".join(f" {k}={sp[k]}" for k in ("topk", "attn_sink", "latent_rank") if sp.get(k))
         print(f"seed {res['seed']}: {sp['preset']} {sp['level']} {sp['norm']} {sp['scenario']} "
-              f"{sp['profile']} sq={sp['sq']} seqlens={sp['seqlens']} -> {len(runs)} runs, "
+              f"{sp['profile']}{feats} sq={sp['sq']} seqlens={sp['seqlens']} -> {len(runs)} runs, "
               f"false alarms {n_fa}, missed {n_miss}, {res['seconds']:.1f} s"
               + (f"  ERROR {res['error'][:200]}" if res.get("error") else ""), file=sys.stderr, flush=True)
 

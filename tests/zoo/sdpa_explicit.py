@@ -10,11 +10,15 @@ attn_mask (key padding + causal; padded key slots zero-filled, as after torch.na
 one SDPA call upcast to fp32 (scores, softmax, P.V in fp32, P unrounded), out rounded to D.
 lse = logsumexp of the fp32 scores (what the efficient-attention backend returns), fp32.
 Rows with no visible key: SDPA's NaN row replaced by 0 and lse = -inf. Module level only.
+fp8-block128: code * scale of each value's 128-block. Top-k: the bool mask is the index set
+(-1 pads ignored), replacing key padding and causality. Attention sink: an extra key slot with
+value 0 and attn_mask bias s_h (out scaled by exp(lse)/(exp(lse) + exp(s_h)) inside the one
+softmax); lse is the logsumexp of the real keys' scores.
 fp64 profile: all fp64.
 """
 import numpy as np
 
-from common import BF16, load
+from common import BF16, FP8_BLOCK, load
 
 LEVELS = ("module",)
 AUDIT_ARGS = ("--form", "explicit")   # what its author would declare to the audit
@@ -45,7 +49,8 @@ def run(case, bug=None):
     seq = np.array(cs.seqlens)
     valid = np.arange(T_max)[None, :] < seq[:, None]                 # [B,T]
     if cs.is_fp8():
-        c = cs.raw("kv_c").astype(A) * cs.raw("kv_c_scale").astype(A)[..., None]
+        sc = cs.raw("kv_c_scale").astype(A)                          # per token, or per 128 values
+        c = cs.raw("kv_c").astype(A) * (sc[..., np.arange(r) // FP8_BLOCK] if sc.ndim == 3 else sc[..., None])
     else:
         c = cs.get("kv_c", A)
     c = np.where(valid[..., None], c, 0)                              # nan_to_num on the padding
@@ -117,20 +122,35 @@ def run(case, bug=None):
         # last sequence gets the padded-batch mask: tril at the padded length, no key padding
         mask[-1] = True
         qpos_full[-1] = T_max - S + np.arange(S)
-    if cs.causal:
+    if cs.has("indices"):                                              # top-k: the index mask
+        idx = cs.raw("indices")                                        # replaces key padding + causal
+        sel = np.zeros((B, S, T_max), bool)
+        for b in range(B):
+            for i in range(S):
+                sel[b, i, idx[b, i][idx[b, i] >= 0]] = True
+        mask = sel[:, None]
+    elif cs.causal:
         mask = mask & (np.arange(T_max)[None, None, :] <= qpos_full[:, :, None])[:, None]
     sc = np.where(mask, sc, -np.inf)
     mx = sc.max(-1, keepdims=True)
     any_vis = np.isfinite(mx)
+    with np.errstate(divide="ignore", invalid="ignore"):               # logsumexp of the real keys
+        lse = np.where(any_vis[..., 0], mx[..., 0] + np.log(np.exp(sc - np.where(any_vis, mx, 0)).sum(-1)),
+                       -np.inf)                                        # [B,H,S]
+    if cs.has("attn_sink"):
+        # SDPA has no sink argument: one extra key slot per row, value 0, whose float attn_mask
+        # bias is s_h (k = 0), so the softmax's denominator holds exp(s_h); P.V is unchanged
+        sink = cs.get("attn_sink", A)[None, :, None, None] + np.zeros_like(sc[..., :1])
+        sc = np.concatenate([sc, sink], -1)
+        mx = np.maximum(mx, sink)
     mx = np.where(any_vis, mx, 0)
     e = np.exp(sc - mx)
     den = e.sum(-1, keepdims=True)
     if bug == "row_denominator_bf16":
         den = den.astype(BF16).astype(A)
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = e / den
+        p = (e / den)[..., :T_max]                                     # the sink slot's value is 0
         o = np.einsum("bhst,bthd->bshd", np.where(any_vis, p, 0), vv)
-        lse = np.where(any_vis[..., 0], mx[..., 0] + np.log(den[..., 0]), -np.inf)   # [B,H,S]
     if bug == "scale_bias":
         o = o * A(1.01)
     return {"out": o.astype(D), "lse": np.transpose(lse, (0, 2, 1)).astype(A)}
@@ -148,9 +168,14 @@ BUGS = {
 }
 
 
+FEATURES = ("topk", "attn_sink")
+
+
 def bug_applies(cfg, bug):
     if cfg.get("level") == "kernel":
         return False
+    if bug == "one_sequence" and cfg.get("topk"):
+        return False                             # the index mask replaces the padded-batch mask
     norm, dr, G, H = cfg.get("norm"), int(cfg["d_r"]), int(cfg["groups"]), int(cfg["heads"])
     if bug == "one_head":
         return norm != "none"

@@ -25,6 +25,7 @@ from common import load
 LEVELS = ("module", "kernel")
 BUGS = ["one_head", "one_sequence", "row_denominator_bf16", "scale_bias",
         "rope_pairs_swapped", "alpha_k_from_latent"]
+FEATURES = ("topk", "attn_sink")   # conventions §1.5: reads indices and attn_sink when present
 
 
 def bug_applies(cfg, bug):

@@ -6,11 +6,15 @@ code*scale in fp64 then fp32); alpha_q, alpha_k in fp32; scores, softmax and p*c
 rounded; latent_out kept fp32 and out = latent_out*WV in fp32; out, lse, latent_out delivered F32.
 fp64 profile: everything fp64, outputs F64.
 
+fp8-block128: code * (its 128-block's scale), exact. Sparse top-k: the row's listed tokens are
+the visible set (mask; -1 pads ignored). Sink: latent_out (and so out) times
+1/(1 + exp(s_h - lse)) in fp32, lse without it (conventions §1.5).
+
 Written as plain host numpy, one sequence at a time (varlen loop), like a reference CPU path.
 """
 import numpy as np
 
-from common import BF16, load
+from common import BF16, FP8_BLOCK, load
 
 LEVELS = ("module", "kernel")
 
@@ -30,6 +34,14 @@ def _rot(z, cos, sin, style):
     else:
         out[..., :h], out[..., h:] = ra, rb
     return out
+
+
+def _dequant(cs, b, T, A):
+    """code * scale exactly (fp64), then the profile's type; fp8-block128: latent value j takes the
+    scale of block j // 128 of its token (conventions §3)."""
+    sc = cs.raw("kv_c_scale")[b, :T].astype(np.float64)
+    sc = sc[:, np.arange(cs.r) // FP8_BLOCK] if sc.ndim == 2 else sc[:, None]
+    return (cs.raw("kv_c")[b, :T].astype(np.float64) * sc).astype(A)
 
 
 def _ms(z):
@@ -59,8 +71,7 @@ def _prelude(cs, bug):
         T = cs.seqlens[b]
         qn = cs.get("q_nope", A)[b]                         # [S,H,dc]
         if cs.is_fp8():
-            c = (cs.raw("kv_c")[b, :T].astype(np.float64)
-                 * cs.raw("kv_c_scale")[b, :T].astype(np.float64)[:, None]).astype(A)
+            c = _dequant(cs, b, T, A)
         else:
             c = cs.get("kv_c", A)[b, :T]                    # [T,r]
         k0c = np.einsum("tr,rgd->tgd", c, wk)                # [T,G,dc] transient key
@@ -137,8 +148,7 @@ def _kernel_inputs(cs):
     for b in range(cs.B):
         T = cs.seqlens[b]
         if cs.is_fp8():
-            c = (cs.raw("kv_c")[b, :T].astype(np.float64)
-                 * cs.raw("kv_c_scale")[b, :T].astype(np.float64)[:, None]).astype(A)
+            c = _dequant(cs, b, T, A)
         else:
             c = cs.get("kv_c", A)[b, :T]
         d = dict(q_lat=cs.get("q_latent", A)[b], c=c, T=T,
@@ -160,6 +170,8 @@ def run(case, bug=None):
     seqs = _kernel_inputs(cs) if cs.level == "kernel" else _prelude(cs, bug)
     lat = np.zeros((cs.B, S, H, r), A)
     lse = np.full((cs.B, S, H), -np.inf, A)
+    topk = cs.raw("indices") if cs.has("indices") else None
+    sink = cs.get("attn_sink", A) if cs.has("attn_sink") else None
     for b, d in enumerate(seqs):
         T = d["T"]
         if T == 0:
@@ -182,21 +194,34 @@ def run(case, bug=None):
         else:
             logit = al * sc
         logit = logit * A(cs.scale)
-        if cs.causal:
+        if topk is not None:                                          # §1.5: exactly the listed tokens
+            mask = np.zeros((S, c.shape[0]), bool)
+            for i in range(S):
+                idx = topk[b, i][topk[b, i] >= 0]
+                mask[i, idx[idx < c.shape[0]]] = True                 # (one_sequence: t < T_b - 1)
+            logit = np.where(mask[:, None, :], logit, -np.inf)
+        elif cs.causal:
             pos = T - S + np.arange(S)
             lim = pos + (1 if bug == "causal_off_by_one" else 0)
             mask = np.arange(c.shape[0])[None, :] <= lim[:, None]     # [S,T]
             logit = np.where(mask[:, None, :], logit, -np.inf)
         m = logit.max(-1, keepdims=True)
+        live = np.isfinite(m)                                         # a row without tokens: 0, -inf
+        m = np.where(live, m, 0)
         e = np.exp(logit - m)
         den = e.sum(-1, keepdims=True)
         if bug == "row_denominator_bf16":
             den = den.astype(np.float32).astype(BF16).astype(A)
-        p = e / den
-        lse[b] = (m[..., 0] + np.log(den[..., 0]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = np.where(live, e / den, 0)
+            lse[b] = np.where(live[..., 0], m[..., 0] + np.log(den[..., 0]), -np.inf)
         if bug == "lse_base2":
             lse[b] = lse[b] / np.log(2.0)
         lat[b] = np.einsum("sht,tr->shr", p, c)
+        if sink is not None:                                          # 1/(1 + exp(s_h - lse)), fp32
+            with np.errstate(over="ignore", invalid="ignore"):
+                f = 1 / (1 + np.exp(sink[None, :] - lse[b]))
+            lat[b] = lat[b] * np.where(live[..., 0], f, 0)[..., None]
     if cs.level == "kernel":
         outs = {"latent_out": lat, "lse": lse}
     else:
@@ -230,8 +255,13 @@ BUGS = {
 }
 
 
+FEATURES = ("topk", "attn_sink")
+
+
 def bug_applies(cfg, bug):
     norm, dr = cfg.get("norm"), int(cfg["d_r"])
+    if bug == "causal_off_by_one" and cfg.get("topk"):
+        return False                                  # top-k rows have no causal limit
     if cfg.get("level") == "kernel":
         return bug in ("one_sequence", "row_denominator_bf16", "scale_bias", "lse_base2",
                        "causal_off_by_one")

@@ -17,11 +17,15 @@ alpha_q, alpha_k are computed in fp32 from the D-typed tensors and `.type_as(x)`
 variant), so scores, P, latent and out are all D. fp8 profile: the cache is dequantized as
 `(code.float() * scale).to(bf16)` once. lse is `scores.float().logsumexp(-1)` (fp32).
 Varlen: one forward per sequence over kv_cache[:T_b] (rows past T_b are never read).
+fp8-block128: `(code.float() * scale.repeat_interleave(128)[:r]).to(bf16)` (exact). Top-k:
+DeepSeek-V3.2's index_mask (-inf except the listed tokens) added to the scores instead of the
+causal mask. Sinks: gpt-oss / HF eager's cat([scores, sinks]) -> fp32 softmax -> drop the sink
+column -> `.type_as(x)`; lse = logsumexp of the scores alone.
 Module level only.
 """
 import numpy as np
 
-from common import load
+from common import FP8_BLOCK, load
 
 LEVELS = ("module",)
 
@@ -104,14 +108,17 @@ def run(case, bug=None):
     out = np.zeros((cs.B, S, H, dv), D)
     lat_all = np.zeros((cs.B, S, H, r), D)
     lse = np.full((cs.B, S, H), -np.inf, np.float32 if D != np.float64 else np.float64)
+    topk = cs.raw("indices") if cs.has("indices") else None
+    sinks = cs.get("attn_sink", tt.C) if cs.has("attn_sink") else None
     for b in range(cs.B):
         T = cs.seqlens[b]
         if T == 0:
             continue
         # ---- cache (what append wrote): kv [T,r], pe [T,dr], alpha_k [T,G]
-        if cs.is_fp8():
-            kv = tt.t(cs.raw("kv_c")[b, :T].astype(np.float32)
-                      * cs.raw("kv_c_scale")[b, :T].astype(np.float32)[:, None])
+        if cs.is_fp8():                                     # fp8-block128: scale.repeat_interleave(128)
+            sc = cs.raw("kv_c_scale")[b, :T].astype(np.float32)
+            sc = sc[:, np.arange(r) // FP8_BLOCK] if sc.ndim == 2 else sc[:, None]
+            kv = tt.t(cs.raw("kv_c")[b, :T].astype(np.float32) * sc)
         else:
             kv = cs.raw("kv_c")[b, :T].astype(D)
         q_nope = cs.raw("q_nope")[b].astype(D)              # [S,H,dc]
@@ -186,17 +193,41 @@ def run(case, bug=None):
             scores = tt.add(s_lat, s_pe) if dr else s_lat
             scores = tt.mul(tt.mul(scores, aq[:, :, None]), ak[:, gmap].T[None])
         scores = tt.t(tt.float(scores) * tt.C(cs.scale))
-        if cs.causal:
+        if topk is not None:
+            # DeepSeek-V3.2: index_mask = full(-inf).scatter_(-1, topk_indices, 0); the index set
+            # replaces the causal mask (the -1 pads scatter nowhere)
+            mask = np.full((S, T), -np.inf)
+            for i in range(S):
+                idx = topk[b, i][topk[b, i] >= 0]
+                if bug == "topk_off_by_one":
+                    idx = idx + 1
+                    idx = idx[idx < T]                        # a mask built one column wide, sliced to T
+                mask[i, idx] = 0.0
+            scores = tt.add(scores, mask[:, None, :])
+        elif cs.causal:
             mask = np.where(kpos[None, :] <= (T - S + np.arange(S))[:, None], 0.0, -np.inf)
             scores = tt.add(scores, mask[:, None, :])
         sf = tt.float(scores)
+        live = np.isfinite(sf.max(-1, keepdims=True))         # a row without tokens: out 0, lse -inf
+        lse_real = np.full((S, H), -np.inf)
+        with np.errstate(invalid="ignore", divide="ignore"):  # scores.float().logsumexp(-1), real keys
+            m0 = np.where(live, sf.max(-1, keepdims=True), 0)
+            lse_real = np.where(live[..., 0], m0[..., 0] + np.log(np.exp(sf - m0).sum(-1)), -np.inf)
+        if sinks is not None and bug != "sink_ignored":
+            # gpt-oss / HF eager: cat([scores, sinks], -1) (bf16 with the fp32 sink parameter
+            # promotes to fp32), softmax, drop the sink column: P = p * exp(lse)/(exp(lse)+exp(s_h))
+            sf = np.concatenate([sf, np.broadcast_to(sinks[None, :, None], (S, H, 1))], -1)
         m = sf.max(-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0)
         e = np.exp(sf - m)
         den = e.sum(-1, keepdims=True)
         if bug == "row_denominator_bf16":
             den = den.astype(np.float32).astype(np.dtype("bfloat16")).astype(tt.C)
-        p = tt.t(e / den)                                     # softmax(dtype=float32).type_as(x)
-        lse[b] = (m[..., 0] + np.log(den[..., 0])).astype(lse.dtype)
+        p = tt.t(np.where(live, e / den, 0)[..., :T])         # softmax(dtype=float32).type_as(x)
+        lse_row = lse_real
+        if bug == "sink_in_lse":                              # logsumexp of the concatenated row
+            lse_row = np.where(live[..., 0], m[..., 0] + np.log(den[..., 0]), -np.inf)
+        lse[b] = lse_row.astype(lse.dtype)
         latent = tt.einsum("sht,tc->shc", p, kv)
         o = tt.einsum("shc,chd->shd", latent, w_uv[:, gmap, :])
         if bug == "scale_bias":
@@ -214,12 +245,20 @@ BUGS = {
     "eps_outside_sqrt": "RMSNorm/alpha as 1/(sqrt(ms) + eps)",
     "rope_pairs_swapped": "NeoX half pairs where the config says interleaved (and vice versa)",
     "alpha_k_from_latent": "alpha_k = 1/rms(c[t])",
+    "topk_off_by_one": "index_mask scattered at token + 1",
+    "sink_in_lse": "lse = logsumexp of cat([scores, sinks]) (the sink column kept)",
+    "sink_ignored": "the sinks never concatenated to the scores",
 }
+FEATURES = ("topk", "attn_sink")
 
 
 def bug_applies(cfg, bug):
     if cfg.get("level") == "kernel":
         return False
+    if bug == "topk_off_by_one":
+        return bool(cfg.get("topk"))
+    if bug in ("sink_in_lse", "sink_ignored"):
+        return bool(cfg.get("attn_sink"))
     if bug in ("eps_outside_sqrt", "alpha_k_from_latent"):
         return cfg.get("norm") != "none"
     if bug in ("rope_pairs_swapped", "one_sequence"):

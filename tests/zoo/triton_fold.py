@@ -13,11 +13,14 @@ Kernel (one program per (b, head), BLOCK_N = 32 tokens, online softmax with exp,
     acc += tl.dot(p.to(D), c)  -- P rounded to the stored dtype (bf16/fp16), fp32 accumulator
     latent_out = acc / l -> D ; out = latent_out . W_UV (fp32 acc) -> D ; lse natural, fp32.
 Kernel level: q_latent * alpha_q folded in fp32 by the wrapper, alpha_k read from the cache.
+fp8: codes * scale in fp32 at load (fp8-block128: the scale of each value's 128-block). Sparse
+top-k: each query row's program walks its index list (index order, -1 pads skipped, no causal
+mask). Attention sink: l += exp(s_h - m) before acc / l; lse = m + log(l) without it.
 fp64 profile: fp64 throughout, P unrounded.
 """
 import numpy as np
 
-from common import BF16, load
+from common import BF16, FP8_BLOCK, load
 
 LEVELS = ("module", "kernel")
 BLOCK_N = 32
@@ -34,17 +37,23 @@ def _rot(x, cos, sin, style):
     return np.concatenate([x[..., :h] * cos - x[..., h:] * sin, x[..., :h] * sin + x[..., h:] * cos], -1)
 
 
+def _cache(cs):
+    """The latent cache as the kernel's tl.load sees it: fp8 codes times their scale in fp32, the
+    scale loaded per token, or (fp8-block128) per 128-value block of the row: offs_r // 128."""
+    if not cs.is_fp8():
+        return cs.get("kv_c", cs.accum)
+    sc = cs.raw("kv_c_scale").astype(np.float32)
+    sc = sc[..., np.arange(cs.r) // FP8_BLOCK] if sc.ndim == 3 else sc[..., None]
+    return (cs.raw("kv_c").astype(np.float32) * sc).astype(cs.accum)
+
+
 def _host(cs, bug):
     A, D = cs.accum, cs.stored
     B, S, H, G, r, dc, dr = cs.B, cs.S, cs.H, cs.G, cs.r, cs.dc, cs.dr
     gmap = np.arange(H) // (H // G)
     eps = A(cs.eps)
     T_max = cs.raw("kv_c").shape[1]
-    if cs.is_fp8():
-        c = cs.raw("kv_c").astype(np.float32) * cs.raw("kv_c_scale").astype(np.float32)[..., None]
-        c = c.astype(A)
-    else:
-        c = cs.get("kv_c", A)
+    c = _cache(cs)
     wk = cs.get("w_uk", A).reshape(r, G, dc)
     qn = cs.get("q_nope", A)
     if dr:
@@ -98,10 +107,7 @@ def _host(cs, bug):
 
 def _wrapper_kernel_inputs(cs):
     A = cs.accum
-    if cs.is_fp8():
-        c = (cs.raw("kv_c").astype(np.float32) * cs.raw("kv_c_scale").astype(np.float32)[..., None]).astype(A)
-    else:
-        c = cs.get("kv_c", A)
+    c = _cache(cs)
     aq = cs.get("alpha_q", A) if cs.has("alpha_q") else np.ones((cs.B, cs.S, cs.H), A)
     ki = {"q_lat_folded": cs.get("q_latent", A) * aq[..., None], "alpha_q": aq, "c": c,
           "alpha_k": cs.get("alpha_k", A) if cs.has("alpha_k") else np.ones((cs.B, c.shape[1], cs.G), A)}
@@ -115,7 +121,9 @@ def run(case, bug=None):
     A, D = cs.accum, cs.stored
     B, S, H, G, r = cs.B, cs.S, cs.H, cs.G, cs.r
     gmap = np.arange(H) // (H // G)
-    pdt = {"bf16": BF16, "fp8": BF16, "fp16": np.float16}.get(cs.profile)
+    pdt = {"bf16": BF16, "fp8": BF16, "fp8-block128": BF16, "fp16": np.float16}.get(cs.profile)
+    topk = cs.raw("indices") if cs.has("indices") else None
+    sink = cs.get("attn_sink", A) if cs.has("attn_sink") else None
     ki = _wrapper_kernel_inputs(cs) if cs.level == "kernel" else _host(cs, bug)
     lat = np.zeros((B, S, H, r), A)
     lse = np.full((B, S, H), -np.inf, A)
@@ -128,36 +136,48 @@ def run(case, bug=None):
             g = gmap[h]
             if bug == "one_head" and h == H - 1 and G > 1:
                 g = 0                                              # pid -> group slip on the last head
-            q = ki["q_lat_folded"][b, :, h]                        # [S,r]
-            aq = ki["alpha_q"][b, :, h]
-            m = np.full(S, -np.inf, A)
-            l = np.zeros(S, A)
-            acc = np.zeros((S, r), A)
-            for n0 in range(0, T, BLOCK_N):
-                n1 = min(n0 + BLOCK_N, T)
-                c = ki["c"][b, n0:n1]
-                ak = ki["alpha_k"][b, n0:n1, g]
-                s = (q @ c.T) * ak[None]
-                if bug == "alpha_q_twice":
-                    s = s * aq[:, None]
-                if "q_rope" in ki:
-                    sr = ki["q_rope"][b, :, h] @ ki["k_rope"][b, n0:n1].T
-                    s = s + (sr * aq[:, None] * ak[None] if cs.norm == "unified" else sr)
-                s = s * A(cs.scale)
-                if cs.causal:
-                    s = np.where(np.arange(n0, n1)[None] <= pos[:, None], s, -np.inf)
-                m_new = np.maximum(m, s.max(-1))
-                m0 = np.where(np.isfinite(m_new), m_new, 0)
-                alpha = np.exp(m - m0)
-                p = np.exp(s - m0[:, None])
-                l = l * alpha + p.sum(-1)
-                pv = p.astype(pdt).astype(A) if pdt is not None else p
-                acc = acc * alpha[:, None] + pv @ c
-                m = m_new
-            den = l.astype(BF16).astype(A) if bug == "row_denominator_bf16" else l
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lat[b, :, h] = np.where(l[:, None] > 0, acc / den[:, None], 0)
-                lse[b, :, h] = np.where(l > 0, m + np.log(l), -np.inf)
+            # dense: the S rows walk [0, T) under the causal mask; sparse top-k: each row walks
+            # its own index list (offs_n -> tl.load(indices), -1 pads skipped), no mask
+            if topk is None:
+                work = [(np.arange(S), np.arange(T), cs.causal)]
+            else:
+                work = [(np.array([i]), topk[b, i][topk[b, i] >= 0].astype(np.int64), False)
+                        for i in range(S)]
+            for rows, toks, masked in work:
+                q = ki["q_lat_folded"][b, rows, h]                 # [s,r]
+                aq = ki["alpha_q"][b, rows, h]
+                ns = rows.size
+                m = np.full(ns, -np.inf, A)
+                l = np.zeros(ns, A)
+                acc = np.zeros((ns, r), A)
+                for n0 in range(0, toks.size, BLOCK_N):
+                    tk = toks[n0:n0 + BLOCK_N]
+                    c = ki["c"][b, tk]
+                    ak = ki["alpha_k"][b, tk, g]
+                    s = (q @ c.T) * ak[None]
+                    if bug == "alpha_q_twice":
+                        s = s * aq[:, None]
+                    if "q_rope" in ki:
+                        sr = ki["q_rope"][b, rows, h] @ ki["k_rope"][b, tk].T
+                        s = s + (sr * aq[:, None] * ak[None] if cs.norm == "unified" else sr)
+                    s = s * A(cs.scale)
+                    if masked:
+                        s = np.where(tk[None] <= pos[rows][:, None], s, -np.inf)
+                    m_new = np.maximum(m, s.max(-1))
+                    m0 = np.where(np.isfinite(m_new), m_new, 0)
+                    alpha = np.exp(m - m0)
+                    p = np.exp(s - m0[:, None])
+                    l = l * alpha + p.sum(-1)
+                    pv = p.astype(pdt).astype(A) if pdt is not None else p
+                    acc = acc * alpha[:, None] + pv @ c
+                    m = m_new
+                den = l.astype(BF16).astype(A) if bug == "row_denominator_bf16" else l
+                live = l > 0
+                if sink is not None:                               # l += exp(sink - m) before acc / l
+                    den = den + np.exp(sink[h] - np.where(live, m, 0))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    lat[b, rows, h] = np.where(live[:, None], acc / den[:, None], 0)
+                    lse[b, rows, h] = np.where(live, m + np.log(l), -np.inf)
     if bug == "scale_bias":
         lat = lat * A(1.01)
     lat_d = lat.astype(D)
@@ -178,13 +198,17 @@ BUGS = {
 }
 
 
+FEATURES = ("topk", "attn_sink")
+
+
 def bug_applies(cfg, bug):
     norm, G = cfg.get("norm"), int(cfg["groups"])
     kernel = cfg.get("level") == "kernel"
     if bug == "one_head":
         return G > 1 and norm != "none"
     if bug == "one_sequence":
-        return bool(cfg.get("causal", True)) and int(cfg["s_q"]) > 1 and cfg["seqlens"][-1] > 0
+        return (bool(cfg.get("causal", True)) and int(cfg["s_q"]) > 1 and cfg["seqlens"][-1] > 0
+                and not cfg.get("topk"))             # top-k rows have no causal limit
     if bug == "gram_no_dc":
         return norm == "blockwise" and not kernel
     if bug == "alpha_q_twice":

@@ -20,7 +20,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import load  # noqa: E402
-from run_zoo import STYLES, stats  # noqa: E402
+from run_zoo import STYLES, applicable, stats  # noqa: E402
 
 
 def check_file(path, out=sys.stdout):
@@ -28,7 +28,7 @@ def check_file(path, out=sys.stdout):
     worst = {}
     for style in STYLES:
         mod = importlib.import_module(style)
-        if cs.level not in mod.LEVELS:
+        if not applicable(mod, cs):
             continue
         with np.errstate(all="ignore"):
             o = mod.run(cs)
