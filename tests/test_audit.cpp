@@ -501,3 +501,25 @@ TEST_CASE("audit.real_code.sink_folded_into_p") {
   CHECK(r.pass());
   CHECK(worst_structure_ratio(r, "latent_out") < 2);
 }
+
+// Zoo seed 96217 (jax_xla, fp16, unified, tiny_keys, sinks): a module storing its scores in fp16
+// gives a one-token row, whose lse is that logit, a relative error of a rounding to fp16 or more
+// (7.0e-4 there); the candidates' samples share their roundings and drew 1.7e-4, so lse's
+// seq_shift failed at 4.17x. A design storing the logit now allows u_fp16 on one-token rows: a
+// module whose logit chain differs from every candidate's (scores stored, not every op) passes.
+TEST_CASE("audit.structure.one_token_rows_of_stored_logits") {
+  MlaConfig c = test::tiny_config(Profile::FP16, {20, 4, 69, 16}, 4, NormMode::Unified,
+                                  test::seed(96217), "tiny-nope");
+  c.scenario = "tiny_keys", c.attn_sink = true, c.rope_style = RopeStyle::Half;
+  CAPTURE(c.seed);
+  const CaseFile cf = golden_of(c);
+  Design scores = spec_design(c.profile, Form::Absorbed);
+  scores.score = scores.p = scores.latent_out = DType::F16, scores.p_normalized = true;
+  const Outputs run = impl::cpu_absorbed(cf.k, {{Variant::Default, {}, scores}})[0];
+  std::map<std::string, Tensor> outs;
+  for (const char* t : {"out", "lse", "latent_out"}) outs[t] = run.tensors.at(t);
+  const AuditResult r = audit(cf, outs);
+  CHECK(r.pass());
+  // seq_shift 1.95x here (a many-token entry), 4.49x (FAIL) without the one-token floor
+  CHECK(worst_structure_ratio(r, "lse") < 3);
+}
