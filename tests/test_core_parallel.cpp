@@ -62,6 +62,27 @@ TEST_CASE("core.parallel.a_failing_filler_fails_the_phase_after_every_thread_sto
   CHECK(done == 1);  // the filler after the failing one still ran while the phase task waited
 }
 
+namespace {
+
+// Every row of b bit-identical to a's (metrics and ratio), and the agreeing bits.
+void check_same_report(const Report& a, const Report& b) {
+  REQUIRE(b.rows.size() == a.rows.size());
+  for (size_t i = 0; i < a.rows.size(); ++i) {
+    const Row &x = a.rows[i], &y = b.rows[i];
+    CAPTURE(to_string(x.impl));
+    CAPTURE(x.tensor);
+    CHECK(to_string(x.impl) == to_string(y.impl));
+    CHECK(std::memcmp(&x.m.rel_l2, &y.m.rel_l2, sizeof(double)) == 0);
+    CHECK(std::memcmp(&x.m.max_abs, &y.m.max_abs, sizeof(double)) == 0);
+    CHECK(std::memcmp(&x.m.max_ulp, &y.m.max_ulp, sizeof(double)) == 0);
+    CHECK(std::memcmp(&x.baseline_ratio, &y.baseline_ratio, sizeof(double)) == 0);
+  }
+  for (size_t p = 0; p < a.references.size(); ++p)
+    CHECK(a.references[p].agreeing_bits == b.references[p].agreeing_bits);
+}
+
+}  // namespace
+
 TEST_CASE("report.thread_count_changes_no_value") {
   // Fillers move the CPU implementations between the reference's phases: every value must be the
   // same whichever phase (and thread) ran them. Seed printed on failure.
@@ -77,21 +98,8 @@ TEST_CASE("report.thread_count_changes_no_value") {
   };
   const Report one = report_with(1), two = report_with(2), three = report_with(3);
   REQUIRE(one.rows.size() > 40);
-  for (const Report* r : {&two, &three}) {
-    REQUIRE(r->rows.size() == one.rows.size());
-    for (size_t i = 0; i < one.rows.size(); ++i) {
-      const Row &a = one.rows[i], &b = r->rows[i];
-      CAPTURE(to_string(a.impl));
-      CAPTURE(a.tensor);
-      CHECK(to_string(a.impl) == to_string(b.impl));
-      CHECK(std::memcmp(&a.m.rel_l2, &b.m.rel_l2, sizeof(double)) == 0);
-      CHECK(std::memcmp(&a.m.max_abs, &b.m.max_abs, sizeof(double)) == 0);
-      CHECK(std::memcmp(&a.m.max_ulp, &b.m.max_ulp, sizeof(double)) == 0);
-      CHECK(std::memcmp(&a.baseline_ratio, &b.baseline_ratio, sizeof(double)) == 0);
-    }
-    for (size_t p = 0; p < one.references.size(); ++p)
-      CHECK(one.references[p].agreeing_bits == r->references[p].agreeing_bits);
-  }
+  check_same_report(one, two);
+  check_same_report(one, three);
 }
 
 TEST_CASE("report.compact_latent_changes_no_value") {
@@ -110,15 +118,5 @@ TEST_CASE("report.compact_latent_changes_no_value") {
   };
   const Report whole = report_with(int64_t(1) << 40), compact = report_with(0);
   REQUIRE(whole.rows.size() > 20);
-  REQUIRE(compact.rows.size() == whole.rows.size());
-  for (size_t i = 0; i < whole.rows.size(); ++i) {
-    const Row &a = whole.rows[i], &b = compact.rows[i];
-    CAPTURE(to_string(a.impl));
-    CAPTURE(a.tensor);
-    CHECK(to_string(a.impl) == to_string(b.impl));
-    CHECK(std::memcmp(&a.m.rel_l2, &b.m.rel_l2, sizeof(double)) == 0);
-    CHECK(std::memcmp(&a.m.max_ulp, &b.m.max_ulp, sizeof(double)) == 0);
-  }
-  for (size_t p = 0; p < whole.references.size(); ++p)
-    CHECK(whole.references[p].agreeing_bits == compact.references[p].agreeing_bits);
+  check_same_report(whole, compact);
 }
