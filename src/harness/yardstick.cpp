@@ -255,10 +255,11 @@ std::vector<std::vector<Outputs>> run_designs(const Case& k, const std::vector<D
 }
 
 // A design that stores the logit (its scores, or every op: eager) in F gives a one-token row,
-// whose lse is that logit, one rounding to F at least: a relative error up to u_F, whatever
-// the design's samples, which share their roundings, happened to draw. So each sequence's
-// one-token entry (metrics/structure.hpp) gets that noise level at least (zoo seed 96217:
-// jax_xla's fp16 scores put 7.0e-4 on a 4-token sequence's first row, every sample 1.7e-4).
+// whose lse is that logit, one rounding to F at least: an error up to u_F |y|, whatever the
+// design's samples, which share their roundings, happened to draw. So each sequence's one-token
+// entry (metrics/structure.hpp) gets at least the noise level of such independent roundings,
+// u_F sqrt(sum y^4) / sum y^2 (u_F / sqrt(n) for n equal rows): zoo seed 96217, jax_xla's fp16
+// scores put 7.0e-4 on a 4-token sequence's first rows, every sample 1.7e-4.
 void floor_one_token_noise(const Design& d, DType A, const Tensor& ref,
                            const std::vector<bool>& mask, const std::vector<double>& lse_floor,
                            Structure& st) {
@@ -267,13 +268,15 @@ void floor_one_token_noise(const Design& d, DType A, const Tensor& ref,
     if (rounds_at(f, A)) u = std::max(u, unit_roundoff(f));
   if (u == 0 || ref.shape.empty() || lse_floor.empty()) return;
   const int64_t B = ref.shape[0], per_seq = B > 0 ? ref.numel() / B : 0;
-  for (int64_t b = 0; b < B && size_t(2 * b + 1) < st.seq_noise.size(); ++b)
+  for (int64_t b = 0; b < B && size_t(2 * b + 1) < st.seq_noise.size(); ++b) {
+    long double yy = 0, y4 = 0;
     for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i)
-      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(ref[i]) && ref[i] != 0 &&
-          lse_floor[size_t(i)] == 0) {
-        st.seq_noise[size_t(2 * b + 1)] = std::max(st.seq_noise[size_t(2 * b + 1)], u);
-        break;
-      }
+      if ((mask.empty() || mask[size_t(i)]) && std::isfinite(ref[i]) && lse_floor[size_t(i)] == 0)
+        yy += (long double)ref[i] * ref[i], y4 += (long double)ref[i] * ref[i] * ref[i] * ref[i];
+    if (yy > 0)
+      st.seq_noise[size_t(2 * b + 1)] =
+          std::max(st.seq_noise[size_t(2 * b + 1)], double(u * std::sqrt(y4) / yy));
+  }
 }
 
 // Restores the forward order when it goes out of scope.
