@@ -72,9 +72,10 @@ MpLatentResult mp_latent_attend(const Case& k, int b, const MpLatentRows& q, con
   WholeB whole;
   {
     std::vector<double> held;
-    for (int64_t t0 = 0; t0 < T; t0 += 4096)  // the entries of c^T
-      whole.add(rows_c(t0, std::min<int64_t>(4096, T - t0), held), std::min<int64_t>(4096, T - t0),
-                r, r);
+    for (int64_t t0 = 0; t0 < T; t0 += 4096) {  // the entries of c^T
+      const int64_t n = std::min<int64_t>(4096, T - t0);
+      whole.add(rows_c(t0, n, held), n, r, r);
+    }
   }
   each_chunk(chunks, [&](Chunk& ch) {
     ch.logits.resize(rows);

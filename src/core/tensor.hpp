@@ -1,8 +1,8 @@
 // A named dense tensor: row-major values held as doubles, each exactly representable in `dtype`
 // (the bits a file stores). One container for every implementation, so all read the same bits.
-// A long-context latent cache may instead be held compact (`floats`, `data` empty: see
+// A long context's per-token tensors may instead be held compact (`floats`, `data` empty: see
 // compact()): float holds every value of a dtype narrower than F64 exactly, so the bits are the
-// same; such a tensor is read through rows().
+// same; such a tensor is read through rows(), read() or value().
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,8 +34,8 @@ struct Tensor {
   std::vector<int64_t> unravel(int64_t flat) const;
 
   // Moves the values into `floats` (half the memory); std::logic_error for F64, I32 and U8,
-  // whose values a float may not hold. Only the latent cache of a long context is compacted
-  // (conventions §2: kv_c [B, T_max, r] is 1 GiB in double at 262144 tokens).
+  // whose values a float may not hold. Only a long context's kv_c, k_pe and rope tables are
+  // compacted (compact_long_context: kv_c [B, T_max, r] is 1 GiB in double at 262144 tokens).
   void compact();
   bool is_compact() const { return data.empty() && !floats.empty(); }
   double value(int64_t i) const {
