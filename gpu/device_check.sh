@@ -10,7 +10,8 @@
 # its CPU model), compute-sanitizer memcheck/racecheck/synccheck/initcheck on a small dedicated
 # case set (each must show "ran N kernel launches" with N > 0, or it fails as vacuous), the bench
 # sweep (JSON lines as rows finish, a copy baseline), one Nsight Compute summary of the decode
-# kernel (if ncu exists), the MMA probe, the report. Every step's output is shown as it runs
+# kernel (if ncu exists; --clock-control none: the clocks are left as the machine runs them, as
+# the lent machines' notes ask), the MMA probe, the report. Every step's output is shown as it runs
 # (stdout, also log.txt), so a time-out keeps the story. Exit 0 only when every step passed.
 # Files: log.txt (everything, with nvidia-smi and the ptxas summary), steps.jsonl (one line per
 # step and check), kernels-vs-model.txt, sanitizers.txt, bench.jsonl, ncu.txt, mma-probe.bin,
@@ -94,7 +95,7 @@ for tool in memcheck racecheck synccheck initcheck; do
 done
 step bench "$L_BENCH" - "$Q" bench --sweep --warmup 3 --reps 15 --format jsonl -o "$OUT/bench.jsonl"
 if [ -x "$NCU" ]; then
-  step ncu "$L_NCU" "$OUT/ncu.txt" "$NCU" --kernel-name regex:decode_kernel --launch-count 1 \
+  step ncu "$L_NCU" "$OUT/ncu.txt" "$NCU" --clock-control none --kernel-name regex:decode_kernel --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
     --section Occupancy "$Q" bench --contexts 65536 --batch 4 --warmup 0 --reps 3
 else
