@@ -35,7 +35,10 @@ git describe --always --dirty --abbrev=12 > "$B/COMMIT"  # -dirty: the bundle is
 for bin in "$B/src/qkmla" "$B/tests/gpu_device_tests" "$B/gpu/probe_mma"; do
   readelf -d "$bin" | grep -q 'RPATH.*\$ORIGIN/../lib' ||
     { echo "prepare_device_bundle: $bin has no \$ORIGIN/../lib RPATH" >&2; exit 1; }
+  # A later binary's ldd already resolves to the bundle's own copies (the rpath): skip those.
   ldd "$bin" | awk '/=> \// {print $3}' | grep -v -E '/lib(c|m|pthread|dl|rt)\.so|/ld-linux' |
-    xargs -r -I{} cp -L {} "$B/lib/"
+    while read -r lib; do
+      [ -e "$B/lib/$(basename "$lib")" ] || cp -L "$lib" "$B/lib/"
+    done
 done
 du -sh "$B"
