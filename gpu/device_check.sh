@@ -84,7 +84,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   log=$OUT/sanitizer-$tool.part
   step "sanitizer-$tool" "$L_SAN" "$log" "$SAN" --tool "$tool" --error-exitcode 3 "$T" sanitize
   n=$(grep -o 'ran [0-9]* kernel launches' "$log" | tail -1 | grep -o '[0-9]*')
-  errors=$(grep -c 'ERROR SUMMARY: 0 errors' "$log")
+  # racecheck's summary line is its own: "RACECHECK SUMMARY: 0 hazards displayed (0 errors, ...".
+  errors=$(grep -c -E 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors' "$log")
   cat "$log" >> "$OUT/sanitizers.txt" && rm -f "$log"
   if [ "$STEP_RC" -eq 0 ] && [ "${n:-0}" -gt 0 ] && [ "$errors" -gt 0 ]; then
     check "sanitizer-$tool" OK "$n kernel launches checked, 0 errors"

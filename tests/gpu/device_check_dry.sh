@@ -50,8 +50,10 @@ case "$what" in
     [ "$took" -lt 30 ] || fail "took $took s"
     grep -Eq '^\{"step":"bits","rc":(124|137),' "$work/out/steps.jsonl" || fail "bits not killed"
     grep -q 'bits: started' "$work/out/kernels-vs-model.txt" || fail "the hung step lost its line"
-    grep -q '"check":"sanitizer-memcheck","ok":true' "$work/out/steps.jsonl" ||
-      fail "memcheck (kernels launched, 0 errors) did not pass"
+    for tool in memcheck racecheck synccheck; do
+      grep -q "\"check\":\"sanitizer-$tool\",\"ok\":true" "$work/out/steps.jsonl" ||
+        fail "$tool (kernels launched, 0 errors in its own summary line) did not pass"
+    done
     grep -q '"check":"sanitizer-initcheck","ok":false' "$work/out/steps.jsonl" ||
       fail "initcheck with no kernel launched was not failed as vacuous"
     for s in bench mma-probe report; do
