@@ -102,7 +102,8 @@ if [ -x "$NCU" ]; then
 else
   echo "== ncu: not found ($NCU); no Nsight Compute summary"
 fi
-step mma-probe "$L_PROBE" - "$P" "$OUT/mma-probe.bin"
+# Seed 2000: tiles the fitted H200 model (gpu/model/mma_model.hpp, fitted on seed 1000) never saw.
+step mma-probe "$L_PROBE" - "$P" "$OUT/mma-probe.bin" "${QKMLA_PROBE_SEED:-2000}"
 step report "$L_REPORT" - "$Q" report --threads 16 --format md -o "$OUT/report.md"
 echo "== steps:" && cat "$OUT/steps.jsonl"
 finish "$([ "$FAILED" -eq 0 ] && echo 0 || echo 1)"

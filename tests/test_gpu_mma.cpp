@@ -1,5 +1,6 @@
 // gpu.mma.*: the parametrised MMA accumulation model and its fitter (gpu/model/mma_model.hpp), on
-// synthetic probe files made by the model itself with known parameters.
+// synthetic probe files made by the model itself with known parameters, and on the tiles an H200
+// returned (tests/data/mma-probe-h200-seed1000.bin).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -43,7 +44,9 @@ TEST_CASE("gpu.mma.fitter_recovers_known_parameters") {
   const MmaParams known[] = {{8, true, 24, false, false},  // Hopper-like: truncation throughout
                              {4, true, 26, false, true},   // Ampere-like groups of four
                              {16, false, 30, true, true},  // c added last, rounded alignment
-                             {2, true, 25, true, false}};
+                             {2, true, 25, true, false},
+                             hopper_fitted(),  // aligned by ea + eb: what the H200 does
+                             {4, true, 24, true, true, true}};
   uint64_t seed = 1;
   for (const MmaParams& p : known)
     for (MmaKind kind : {MmaKind::MmaBF16, MmaKind::MmaFP16}) {
@@ -115,4 +118,35 @@ TEST_CASE("gpu.mma.probe_file_rejects_a_truncated_tile") {
   CHECK_THROWS_WITH(read_probe(path), doctest::Contains("truncated tile 2"));
   std::remove(path.c_str());
   CHECK_THROWS(read_probe(path));
+}
+
+TEST_CASE("gpu.mma.h200_probe_is_the_fitted_model_and_no_exact_exponent_model") {
+  // 768 tiles (256 per instruction: mma.sync bf16, mma.sync fp16, wgmma bf16), random and
+  // adversarial, run on an H200 on 2026-12-04 (reports/device-h200-2026-12-04.md).
+  const std::vector<Tile> tiles =
+      read_probe(std::string(QKMLA_VENDORED_DATA) + "/mma-probe-h200-seed1000.bin");
+  REQUIRE(tiles.size() == 768);
+  long differ = 0, total = 0;
+  for (const Tile& t : tiles)
+    for (const MmaRecord& r : records(t)) {
+      differ += mma_dot(hopper_fitted(), r.a, r.b, kK, r.c) != r.d;
+      ++total;
+    }
+  CHECK(total == 768 * 128);
+  CHECK(differ == 0);
+  // The same data refutes every exact-exponent model of the grid: the best one (26 bits) leaves
+  // thousands of elements unexplained. A small subset keeps the search to a second.
+  std::vector<MmaRecord> recs;
+  for (size_t i = 0; i < tiles.size(); i += 16)
+    for (const MmaRecord& r : records(tiles[i])) recs.push_back(r);
+  std::vector<MmaParams> exact_exponent;
+  for (const MmaParams& p : parameter_grid())
+    if (!p.nominal_exponent) exact_exponent.push_back(p);
+  const FitResult without = fit(recs, exact_exponent);
+  CHECK(without.exact.empty());
+  CHECK(without.mismatches > 0);
+  const FitResult with = fit(recs, parameter_grid());
+  CHECK(with.mismatches == 0);
+  REQUIRE(with.exact.size() == 1);
+  CHECK(with.exact[0] == hopper_fitted());
 }

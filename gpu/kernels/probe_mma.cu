@@ -170,10 +170,12 @@ std::vector<Tile> make(MmaKind kind, int per_class, bool integers, uint64_t seed
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: probe_mma FILE\n");
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: probe_mma FILE [SEED]\n");
     return 2;
   }
+  // Seed 1000 made the tiles hopper_fitted() was fitted on; any other seed's tiles are held out.
+  const uint64_t seed = argc == 3 ? std::stoull(argv[2]) : 1000;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("probe_mma: %s, sm_%d%d\n", prop.name, prop.major, prop.minor);
@@ -207,7 +209,7 @@ int main(int argc, char** argv) {
       rc = 1;
       continue;
     }
-    std::vector<Tile> tiles = make(kind, 64, false, 1000 + int(kind));
+    std::vector<Tile> tiles = make(kind, 64, false, seed + uint64_t(kind));
     run(tiles, kind, variant);
     std::vector<MmaRecord> recs;  // a quick fit on 8 tiles of each class; mma_fit fits them all
     for (int cls = 0; cls < 4; ++cls)
@@ -217,6 +219,15 @@ int main(int argc, char** argv) {
     std::printf(
         "%s: %zu tiles; quick fit on %ld elements: %s, %ld mismatch(es), %zu exact set(s)\n", name,
         tiles.size(), f.records, f.best.str().c_str(), f.mismatches, f.exact.size());
+    long held = 0, total = 0;  // the fitted H200 model on every tile of this seed
+    for (const Tile& t : tiles)
+      for (const MmaRecord& r : records(t)) {
+        const float d = mma_dot(hopper_fitted(), r.a, r.b, kK, r.c);
+        held += !(d == r.d || (std::isnan(d) && std::isnan(r.d)));
+        ++total;
+      }
+    std::printf("%s: fitted H200 model (%s) on seed %llu: %ld of %ld elements differ\n", name,
+                hopper_fitted().str().c_str(), (unsigned long long)seed, held, total);
     all.insert(all.end(), tiles.begin(), tiles.end());
   }
   write_probe(argv[1], all);

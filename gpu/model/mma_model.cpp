@@ -11,17 +11,18 @@ namespace qkmla::gpu::mma {
 std::string MmaParams::str() const {
   return "group " + std::to_string(group) + ", c " + (c_first ? "first" : "last") + ", align " +
          std::to_string(align_bits) + " bits " + (align_round ? "rounded" : "truncated") +
-         ", final " + (final_round ? "nearest-even" : "toward zero");
+         ", final " + (final_round ? "nearest-even" : "toward zero") +
+         (nominal_exponent ? ", nominal exponent" : "");
 }
 
 namespace {
 
-// Aligns `n` exact terms to the largest one's exponent, keeping p.align_bits bits below it, sums
-// them exactly and rounds the sum to fp32.
-float fused_sum(const MmaParams& p, const double* t, int n) {
+// Aligns `n` exact terms to the largest of their exponents `ex`, keeping p.align_bits bits below
+// it, sums them exactly and rounds the sum to fp32.
+float fused_sum(const MmaParams& p, const double* t, const int* ex, int n) {
   int e = INT32_MIN;
   for (int i = 0; i < n; ++i)
-    if (t[i] != 0) e = std::max(e, std::ilogb(t[i]));
+    if (t[i] != 0) e = std::max(e, ex[i]);
   if (e == INT32_MIN) return 0.0f;
   const int shift = p.align_bits - e;  // t * 2^shift: units of the quantum 2^(e - align_bits)
   int64_t sum = 0;
@@ -29,7 +30,7 @@ float fused_sum(const MmaParams& p, const double* t, int n) {
     const double u = std::ldexp(t[i], shift);  // exact: a power-of-two scaling
     sum += int64_t(p.align_round ? std::nearbyint(u) : std::trunc(u));
   }
-  const double s = std::ldexp(double(sum), -shift);  // exact: < 2^(align_bits + 6) units
+  const double s = std::ldexp(double(sum), -shift);  // exact: < 2^(align_bits + 7) units
   float f = float(s);                                // nearest-even
   if (!p.final_round && std::fabs(double(f)) > std::fabs(s)) f = std::nextafter(f, 0.0f);
   return f;
@@ -38,19 +39,30 @@ float fused_sum(const MmaParams& p, const double* t, int n) {
 }  // namespace
 
 float mma_dot(const MmaParams& p, const float* a, const float* b, int K, float c) {
-  double t[kK + 2];
+  double t[kK + 2];  // the group's terms, exact
+  int ex[kK + 2];    // their exponents (ilogb of 0 is never read: zeros take no part)
   bool have_acc = p.c_first;
   float acc = p.c_first ? c : 0.0f;
   for (int k0 = 0; k0 < K; k0 += p.group) {
     int n = 0;
-    if (have_acc) t[n++] = acc;
-    for (int k = k0; k < std::min(K, k0 + p.group); ++k) t[n++] = double(a[k]) * double(b[k]);
-    acc = fused_sum(p, t, n);
+    if (have_acc) {
+      t[n] = acc;
+      ex[n] = std::ilogb(acc);
+      ++n;
+    }
+    for (int k = k0; k < std::min(K, k0 + p.group); ++k) {
+      t[n] = double(a[k]) * double(b[k]);
+      ex[n] =
+          t[n] != 0 && p.nominal_exponent ? std::ilogb(a[k]) + std::ilogb(b[k]) : std::ilogb(t[n]);
+      ++n;
+    }
+    acc = fused_sum(p, t, ex, n);
     have_acc = true;
   }
   if (!p.c_first) {
     t[0] = acc, t[1] = c;
-    acc = fused_sum(p, t, 2);
+    ex[0] = std::ilogb(acc), ex[1] = std::ilogb(c);
+    acc = fused_sum(p, t, ex, 2);
   }
   return acc;
 }
@@ -112,7 +124,8 @@ std::vector<MmaParams> parameter_grid() {
     for (bool c_first : {true, false})
       for (int bits = 20; bits <= 40; ++bits)
         for (bool ar : {false, true})
-          for (bool fr : {false, true}) g.push_back({group, c_first, bits, ar, fr});
+          for (bool fr : {false, true})
+            for (bool nominal : {false, true}) g.push_back({group, c_first, bits, ar, fr, nominal});
   return g;
 }
 

@@ -9,7 +9,14 @@
 // aligned to the largest term's exponent E, keeping `align_bits` bits below 2^E (the bits shifted
 // out truncated toward zero, or rounded to nearest even when align_round), summed exactly, and the
 // sum is rounded to fp32 (to nearest even when final_round, else toward zero). Zeros take no part
-// in E. Not modelled: inf/NaN, overflow, the sign of a zero result (matches compare zeros equal).
+// in E. With nominal_exponent, a product's exponent is the sum of its inputs' exponents, ea + eb,
+// as if every product's significand were in [1, 2) (a product in [2, 4) then reaches one bit above
+// E); otherwise it is the exact product's. Not modelled: inf/NaN, overflow, the sign of a zero
+// result (matches compare zeros equal).
+//
+// Fitted on an H200 (sm_90, driver 580, CUDA 13.0; reports/device-h200-2026-12-04.md): mma.sync
+// bf16 and fp16 m16n8k16 and wgmma bf16 m64n8k16 alike are {group 16, c first, align 25 bits
+// truncated, final toward zero, nominal exponent}: every one of 98,304 probe elements.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,17 +27,22 @@
 namespace qkmla::gpu::mma {
 
 struct MmaParams {
-  int group = 16;            // products per fused step: 1, 2, 4, 8 or 16
-  bool c_first = true;       // c aligned with the first group's products (else added last)
-  int align_bits = 24;       // bits kept below the largest term's leading bit (20..40)
-  bool align_round = false;  // shifted-out bits: nearest-even (true) or truncated (false)
-  bool final_round = true;   // group sum to fp32: nearest-even (true) or toward zero (false)
+  int group = 16;                 // products per fused step: 1, 2, 4, 8 or 16
+  bool c_first = true;            // c aligned with the first group's products (else added last)
+  int align_bits = 24;            // bits kept below the largest term's leading bit (20..40)
+  bool align_round = false;       // shifted-out bits: nearest-even (true) or truncated (false)
+  bool final_round = true;        // group sum to fp32: nearest-even (true) or toward zero (false)
+  bool nominal_exponent = false;  // products aligned by ea + eb (true) or their exact exponent
   bool operator==(const MmaParams& o) const {
     return group == o.group && c_first == o.c_first && align_bits == o.align_bits &&
-           align_round == o.align_round && final_round == o.final_round;
+           align_round == o.align_round && final_round == o.final_round &&
+           nominal_exponent == o.nominal_exponent;
   }
   std::string str() const;
 };
+
+// What the H200 probe of 2026-12-04 identified (above); a probe on fresh tiles checks it.
+inline MmaParams hopper_fitted() { return {16, true, 25, false, false, true}; }
 
 // One output element: K products a[k] * b[k] (values of bf16/fp16 inputs) plus c.
 float mma_dot(const MmaParams& p, const float* a, const float* b, int K, float c);
@@ -48,7 +60,8 @@ std::vector<MmaRecord> records(const Tile& t);
 std::vector<Tile> read_probe(const std::string& path);
 void write_probe(const std::string& path, const std::vector<Tile>& tiles);
 
-// Every parameter set of the grid (group x c_first x align_bits 20..40 x both roundings).
+// Every parameter set of the grid (group x c_first x align_bits 20..40 x both roundings x both
+// exponent rules).
 std::vector<MmaParams> parameter_grid();
 
 struct FitResult {
