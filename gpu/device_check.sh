@@ -63,6 +63,7 @@ command -v "$SMI" > /dev/null || stop "$SMI not found: no NVIDIA driver on this 
 gpus=$(timeout -k 2 10 "$SMI" -L 2>&1)
 echo "$gpus"
 grep -q '^GPU [0-9]' <<< "$gpus" || stop "no GPU listed by $SMI -L"
+timeout -k 2 10 "$SMI" --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
 drv=$(timeout -k 2 10 "$SMI" 2>&1 | grep -o 'CUDA Version: *[0-9.]*' | grep -o '[0-9.]*$')
 rt=$(cat "$B/CUDA_RUNTIME")
 echo "driver supports CUDA ${drv:-?}; the bundle's runtime is CUDA $rt"
