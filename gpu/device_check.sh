@@ -11,12 +11,16 @@
 # case set (each must show "ran N kernel launches" with N > 0, or it fails as vacuous), the bench
 # sweep (JSON lines as rows finish, a copy baseline), one Nsight Compute summary of the decode
 # kernel (if ncu exists; --clock-control none: the clocks are left as the machine runs them, as
-# the lent machines' notes ask), the MMA probe, the report. Every step's output is shown as it runs
-# (stdout, also log.txt), so a time-out keeps the story. Exit 0 only when every step passed.
-# Files: log.txt (everything, with nvidia-smi and the ptxas summary), steps.jsonl (one line per
-# step and check), kernels-vs-model.txt, sanitizers.txt, bench.jsonl, ncu.txt, mma-probe.bin,
-# report.md. Overrides (tests): QKMLA_DEVICE_BUILD, QKMLA_NVIDIA_SMI, QKMLA_SANITIZER, QKMLA_NCU,
-# QKMLA_LIMIT_<STEP> (seconds; STEP in PREFLIGHT BITS SANITIZER BENCH NCU PROBE REPORT).
+# the lent machines' notes ask), the MMA probe, the report, and, where the machine has PyTorch, its
+# SDPA backends (flash, efficient, cuDNN, math) on the bundle's golden cases
+# (gpu/scripts/torch_sdpa.py; judged here afterwards by gpu/scripts/torch_sdpa_audit.py). Every
+# step's output is shown as it runs (stdout, also log.txt), so a time-out keeps the story. Exit 0
+# only when every step passed.
+# Files: log.txt (everything, with nvidia-smi, the ptxas summary and the ncu summary),
+# steps.jsonl (one line per step and check), kernels-vs-model.txt, sanitizers.txt, bench.jsonl,
+# mma-probe.bin, report.md, torch-sdpa.tar (the backends' outputs and their JSON lines).
+# Overrides (tests): QKMLA_DEVICE_BUILD, QKMLA_NVIDIA_SMI, QKMLA_SANITIZER, QKMLA_NCU, QKMLA_PYTHON,
+# QKMLA_LIMIT_<STEP> (seconds; STEP in PREFLIGHT BITS SANITIZER BENCH NCU PROBE REPORT TORCH).
 set -u -o pipefail
 OUT=${OUT:-$PWD/device-out}
 B=${QKMLA_DEVICE_BUILD:-build-device}
@@ -25,10 +29,12 @@ rm -f "$OUT/steps.jsonl"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 TEE_PID=$!
 source "$(dirname "$0")/scripts/device_steps.sh"
-# Limits (s): 15 + 110 + 4 x 20 + 80 + 40 + 15 + 45 = 385, + 9 x 3 s grace = 412 s < 7 minutes.
+# Limits (s): 15 + 110 + 4 x 20 + 80 + 40 + 15 + 45 + 60 = 445, + 10 x 3 s grace = 475 s < 8
+# minutes; the H200 run of 2026-12-04 took 61 s for all but the last step (30 s on its own).
 L_PREFLIGHT=${QKMLA_LIMIT_PREFLIGHT:-15} L_BITS=${QKMLA_LIMIT_BITS:-110}
 L_SAN=${QKMLA_LIMIT_SANITIZER:-20} L_BENCH=${QKMLA_LIMIT_BENCH:-80} L_NCU=${QKMLA_LIMIT_NCU:-40}
-L_PROBE=${QKMLA_LIMIT_PROBE:-15} L_REPORT=${QKMLA_LIMIT_REPORT:-45}
+L_PROBE=${QKMLA_LIMIT_PROBE:-15} L_REPORT=${QKMLA_LIMIT_REPORT:-45} L_TORCH=${QKMLA_LIMIT_TORCH:-60}
+PY=${QKMLA_PYTHON:-python3}
 SMI=${QKMLA_NVIDIA_SMI:-nvidia-smi}
 SAN=${QKMLA_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 NCU=${QKMLA_NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
@@ -97,7 +103,7 @@ for tool in memcheck racecheck synccheck initcheck; do
 done
 step bench "$L_BENCH" - "$Q" bench --sweep --warmup 3 --reps 15 --format jsonl -o "$OUT/bench.jsonl"
 if [ -x "$NCU" ]; then
-  step ncu "$L_NCU" "$OUT/ncu.txt" "$NCU" --clock-control none --kernel-name regex:decode_kernel --launch-count 1 \
+  step ncu "$L_NCU" - "$NCU" --clock-control none --kernel-name regex:decode_kernel --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
     --section Occupancy "$Q" bench --contexts 65536 --batch 4 --warmup 0 --reps 3
 else
@@ -106,5 +112,13 @@ fi
 # Seed 2000: tiles the fitted H200 model (gpu/model/mma_model.hpp, fitted on seed 1000) never saw.
 step mma-probe "$L_PROBE" - "$P" "$OUT/mma-probe.bin" "${QKMLA_PROBE_SEED:-2000}"
 step report "$L_REPORT" - "$Q" report --threads 16 --format md -o "$OUT/report.md"
+if [ -d "$B/cases" ] && "$PY" -c "import torch, safetensors, ml_dtypes" 2> /dev/null; then
+  tw=$(mktemp -d)
+  step torch-sdpa "$L_TORCH" "$tw/torch_sdpa.jsonl" env PYTHONUNBUFFERED=1 "$PY" \
+    "$(dirname "$0")/scripts/torch_sdpa.py" "$B/cases" "$tw/out"
+  tar -cf "$OUT/torch-sdpa.tar" -C "$tw" . && rm -rf "$tw"
+else
+  echo "== torch-sdpa: skipped ($PY has no torch, safetensors or ml_dtypes, or $B has no cases)"
+fi
 echo "== steps:" && cat "$OUT/steps.jsonl"
 finish "$([ "$FAILED" -eq 0 ] && echo 0 || echo 1)"

@@ -4,7 +4,9 @@
 # the shared libraries they need beyond glibc (lib/, found through an $ORIGIN/../lib DT_RPATH of
 # each binary, so that no global LD_LIBRARY_PATH puts them ahead of the system's for other tools),
 # the commit (COMMIT), the CUDA runtime it was built with (CUDA_RUNTIME: the driver must support
-# at least that) and the kernels' ptxas register and spill summary (ptxas.txt). Both build folders are git-ignored; the device tool carries the bundle.
+# at least that), the kernels' ptxas register and spill summary (ptxas.txt) and three golden cases
+# for PyTorch's SDPA backends (cases/). Both build folders are git-ignored; the device tool carries
+# the bundle (about 41 MB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repository root
 W=build-device-work B=build-device
@@ -31,6 +33,14 @@ cp "$W/gpu/probe_mma" "$B/gpu/"
 nvcc=$(grep -m1 '^CMAKE_CUDA_COMPILER:' "$W/CMakeCache.txt" | cut -d= -f2)
 "${nvcc:-nvcc}" --version | grep -o 'release [0-9.]*' | cut -d' ' -f2 > "$B/CUDA_RUNTIME"
 [ -s "$B/CUDA_RUNTIME" ] || { echo "prepare_device_bundle: no CUDA version from nvcc" >&2; exit 1; }
+# Golden cases for gpu/scripts/torch_sdpa.py (PyTorch's SDPA backends on the device; each about
+# 6 MB, most of it the up-projection weights).
+mkdir -p "$B/cases"
+golden() { "$W/src/qkmla" golden --preset paper-decode --batch 2 --sq 1 "$@" > /dev/null; }
+golden --profile bf16 --seqlens 600,130 --seed 11 -o "$B/cases/pd-bf16-sq1.safetensors"
+golden --profile bf16 --seqlens 500,77 --scenario large_logits --seed 12 \
+  -o "$B/cases/pd-bf16-sq1-large.safetensors"
+golden --profile fp16 --seqlens 600,130 --seed 13 -o "$B/cases/pd-fp16-sq1.safetensors"
 git describe --always --dirty --abbrev=12 > "$B/COMMIT"  # -dirty: the bundle is not a commit's
 for bin in "$B/src/qkmla" "$B/tests/gpu_device_tests" "$B/gpu/probe_mma"; do
   readelf -d "$bin" | grep -q 'RPATH.*\$ORIGIN/../lib' ||

@@ -39,7 +39,16 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
 
 
-def run(case, bug=None):
+class Qkv:
+    """What a module hands to SDPA: q [B,S,H,d], k [B,T,H,d], v [B,T,H,dv] in D (read back as A),
+    the key-padding mask valid [B,T], the sequence lengths and the softmax scale."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def qkv(case, bug=None):
+    """The module's explicit keys and values (every step before the SDPA call)."""
     cs = load(case)
     A, D = cs.accum, cs.stored
     B, S, H, G, r, dc, dr, dv = cs.B, cs.S, cs.H, cs.G, cs.r, cs.dc, cs.dr, cs.dv
@@ -111,9 +120,16 @@ def run(case, bug=None):
         hmap = np.arange(H) % G                                       # .repeat instead of repeat_interleave
     else:
         hmap = np.arange(H) // (H // G)
-    k = k[:, :, hmap]                                                 # [B,T,H,d]
-    vv = v[:, :, hmap]
     scale = A(1.0 / np.sqrt(dc)) if bug == "scale_dc_only" else A(cs.scale)
+    return Qkv(cs=cs, q=q, k=k[:, :, hmap], v=v[:, :, hmap], valid=valid, seq=seq, scale=scale)
+
+
+def run(case, bug=None):
+    m = qkv(case, bug)
+    cs, q, k, vv, valid, seq, scale = m.cs, m.q, m.k, m.v, m.valid, m.seq, m.scale
+    A, D = cs.accum, cs.stored
+    B, S = cs.B, cs.S
+    T_max = cs.raw("kv_c").shape[1]
     # SDPA (fp32 math)
     sc = np.einsum("bshd,bthd->bhst", q, k) * scale                   # [B,H,S,T]
     mask = valid[:, None, None, :].repeat(S, 2)                       # [B,1,S,T]
