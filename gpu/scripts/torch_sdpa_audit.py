@@ -1,5 +1,5 @@
-"""Judges gpu/scripts/torch_sdpa.py's outputs here: python3 gpu/scripts/torch_sdpa_audit.py QKMLA
-CASE_DIR OUT_DIR [LOG]. Runs `qkmla audit CASE OUTPUTS --form explicit --format json` on every
+"""Judges gpu/scripts/torch_sdpa.py's (or jax_sdpa.py's) outputs here: python3
+gpu/scripts/torch_sdpa_audit.py QKMLA CASE_DIR OUT_DIR [LOG]. Runs `qkmla audit CASE OUTPUTS --form explicit --format json` on every
 OUT_DIR/<case>__<backend>.safetensors and prints a markdown table (case, backend, delivered,
 verdict, out and lse ratios, the verdict line); LOG (torch_sdpa.py's JSON lines) adds the backends
 that refused a case. Exit 1 when any audit fails (exit 1) or cannot run (exit 2).
@@ -36,7 +36,7 @@ def main():
         case, backend = name[: -len(".safetensors")].split("__")
         p = subprocess.run([qkmla, "audit", os.path.join(cases, case + ".safetensors"),
                             os.path.join(outs, name), "--form", "explicit", "--format", "json",
-                            "--label", "torch_" + backend.lower()],
+                            "--label", backend.lower()],
                            capture_output=True, text=True)
         if p.returncode not in (0, 1):
             print(f"| {case} | {backend} | - | ERROR (exit {p.returncode}) | - | - | "

@@ -1,0 +1,71 @@
+"""Real third-party GPU kernels on golden cases: jax.nn.dot_product_attention (XLA and cuDNN).
+
+Run where JAX sees a GPU (the lent H200's image has jax with its CUDA 13 plugin):
+python3 gpu/scripts/jax_sdpa.py CASE_DIR OUT_DIR. The same protocol as torch_sdpa.py beside it:
+the explicit q, k, v of tests/zoo/sdpa_explicit.py in the stored dtype, one call per sequence
+(keys cut to its length; S_q > 1 gets a bottom-right causal mask), v zero-padded to q's head dim,
+`out` delivered in the stored dtype. JAX's function returns no lse, so only `out` is delivered.
+Writes OUT_DIR/<case>__JAX_<IMPL>.safetensors and one JSON line per (case, implementation);
+judge them here with gpu/scripts/torch_sdpa_audit.py (it reads any <case>__<name> file).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "zoo"))
+from common import save_outputs  # noqa: E402
+from sdpa_explicit import qkv  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+IMPLEMENTATIONS = ["xla", "cudnn"]
+
+
+def run_case(path, impl):
+    m = qkv(path)
+    cs = m.cs
+    B, S, H, dv = cs.B, cs.S, cs.H, cs.dv
+    d = m.q.shape[-1]
+    out = np.zeros((B, S, H, dv), np.float32)
+    for b in range(B):
+        T = int(m.seq[b])
+        if T == 0:
+            continue
+        q = jnp.asarray(m.q[b][None].astype(cs.stored))                  # [1, S, H, d]
+        k = jnp.asarray(m.k[b, :T][None].astype(cs.stored))              # [1, T, H, d]
+        vp = np.zeros((1, T, H, d), cs.stored)
+        vp[0, ..., :dv] = m.v[b, :T].astype(cs.stored)
+        mask = None
+        if S > 1 and cs.causal:                                          # query i sees t <= T - S + i
+            mask = jnp.asarray(np.arange(T)[None, :] <= (T - S + np.arange(S))[:, None])[None, None]
+        o = jax.nn.dot_product_attention(q, k, jnp.asarray(vp), mask=mask, scale=float(m.scale),
+                                         implementation=impl)
+        out[b] = np.asarray(o[0, :, :, :dv].astype(jnp.float32))
+    return {"out": out.astype(cs.stored)}
+
+
+def main():
+    cases, out_dir = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    print(json.dumps({"jax": jax.__version__, "devices": [str(x) for x in jax.devices()]}), flush=True)
+    failures = 0
+    for name in sorted(f for f in os.listdir(cases) if f.endswith(".safetensors")):
+        for impl in IMPLEMENTATIONS:
+            row = {"case": name, "backend": "JAX_" + impl.upper()}
+            try:
+                outs = run_case(os.path.join(cases, name), impl)
+                stem = name[: -len(".safetensors")]
+                save_outputs(outs, os.path.join(out_dir, f"{stem}__JAX_{impl.upper()}.safetensors"))
+                row.update(ok=True, delivered=sorted(outs))
+            except Exception as e:  # an implementation that refuses these inputs says why
+                row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+                failures += 1
+            print(json.dumps(row), flush=True)
+    return 0 if failures < len(IMPLEMENTATIONS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
