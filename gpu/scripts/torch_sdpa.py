@@ -6,8 +6,9 @@ and safetensors): python3 gpu/scripts/torch_sdpa.py CASE_DIR OUT_DIR.
 For every golden case in CASE_DIR (plain causal cases; top-k and sinks have no SDPA argument), the
 explicit keys and values are formed as an explicit-form module forms them
 (tests/zoo/sdpa_explicit.py: q, k, v rounded to the stored dtype), then each backend of
-torch.nn.attention.SDPBackend (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH) runs
-the attention on the GPU, one call per sequence (keys cut to its length; a bottom-right causal mask
+torch.nn.attention.SDPBackend (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH), and
+Hugging Face's eager attention as written and under torch.compile (HF_EAGER, HF_EAGER_COMPILED),
+runs the attention on the GPU, one call per sequence (keys cut to its length; a bottom-right causal mask
 when S_q > 1), in the stored dtype. v is zero-padded to q's head dim (the flash kernels need equal
 head dims; a zero column changes no other column). `out` is delivered in the stored dtype; `lse`
 (natural log, fp32) from the backend's own private op where it exposes one, delivered only when it
@@ -29,7 +30,21 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
+BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH", "HF_EAGER",
+            "HF_EAGER_COMPILED"]
+
+
+def hf_eager(q, k, v, mask, scale):
+    """Hugging Face's eager_attention_forward: scores in the stored dtype, an fp32 softmax cast back,
+    P.V in the stored dtype (cuBLAS; compiled: what torch.compile's Inductor makes of it)."""
+    w = torch.matmul(q, k.transpose(2, 3)) * scale
+    if mask is not None:
+        w = w.masked_fill(~mask, float("-inf"))
+    w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(w, v)
+
+
+hf_eager_compiled = torch.compile(hf_eager, dynamic=True)
 TORCH_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -74,13 +89,17 @@ def run_case(path, backend, dev):
             vis = torch.arange(T, device=dev)[None, :] <= (T - S + torch.arange(S, device=dev))[:, None]
             mask = vis
             bias = torch.zeros(1, H, S, T, device=dev, dtype=tdt).masked_fill(~vis, float("-inf"))
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(m.scale))
-            try:
-                pr = private_lse(backend, q, k, v, bias, float(m.scale))
-            except Exception as e:  # out is still delivered; lse is not
-                pr = None
-                info["lse_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if backend.startswith("HF_EAGER"):  # no lse: the module never forms one
+            fn = hf_eager_compiled if backend == "HF_EAGER_COMPILED" else hf_eager
+            o, pr = fn(q, k, v, mask, float(m.scale)), None
+        else:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=float(m.scale))
+                try:
+                    pr = private_lse(backend, q, k, v, bias, float(m.scale))
+                except Exception as e:  # out is still delivered; lse is not
+                    pr = None
+                    info["lse_error"] = f"{type(e).__name__}: {str(e)[:200]}"
 
         out[b] = o[0, :, :, :dv].float().cpu().numpy().transpose(1, 0, 2)
         sc = (q.float() @ k.float().transpose(-1, -2))[0] * float(m.scale)  # [H, S, T]
