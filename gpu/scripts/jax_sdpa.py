@@ -15,8 +15,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "zoo"))
-from common import save_outputs  # noqa: E402
 from sdpa_explicit import qkv  # noqa: E402
+
+from sdpa_cases import run_all  # noqa: E402  (beside this file)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -49,23 +50,9 @@ def run_case(path, impl):
 
 def main():
     cases, out_dir = sys.argv[1], sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
     print(json.dumps({"jax": jax.__version__, "devices": [str(x) for x in jax.devices()]}), flush=True)
-    failures = 0
-    for name in sorted(f for f in os.listdir(cases) if f.endswith(".safetensors")):
-        for impl in IMPLEMENTATIONS:
-            row = {"case": name, "backend": "JAX_" + impl.upper()}
-            try:
-                outs = run_case(os.path.join(cases, name), impl)
-                stem = name[: -len(".safetensors")]
-                save_outputs(outs, os.path.join(out_dir, f"{stem}__JAX_{impl.upper()}.safetensors"))
-                row.update(ok=True, delivered=sorted(outs))
-            except Exception as e:  # an implementation that refuses these inputs says why
-                row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
-                failures += 1
-            print(json.dumps(row), flush=True)
-    return 0 if failures < len(IMPLEMENTATIONS) else 1
-
+    names = {"JAX_" + i.upper(): i for i in IMPLEMENTATIONS}
+    return run_all(cases, out_dir, list(names), lambda path, b: (run_case(path, names[b]), {}))
 
 if __name__ == "__main__":
     sys.exit(main())

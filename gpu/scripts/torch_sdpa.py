@@ -23,8 +23,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "zoo"))
-from common import save_outputs  # noqa: E402
 from sdpa_explicit import qkv  # noqa: E402
+
+from sdpa_cases import run_all  # noqa: E402  (beside this file)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -123,27 +124,12 @@ def run_case(path, backend, dev):
 
 def main():
     cases, out_dir = sys.argv[1], sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
     dev = torch.device(os.environ.get("QKMLA_TORCH_DEVICE", "cuda"))  # cpu: a dry run of the script
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
                       "cudnn": torch.backends.cudnn.version(),
                       "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"}),
           flush=True)
-    failures = 0
-    for name in sorted(f for f in os.listdir(cases) if f.endswith(".safetensors")):
-        for backend in BACKENDS:
-            row = {"case": name, "backend": backend}
-            try:
-                outs, info = run_case(os.path.join(cases, name), backend, dev)
-                stem = name[: -len(".safetensors")]
-                save_outputs(outs, os.path.join(out_dir, f"{stem}__{backend}.safetensors"))
-                row.update(info, ok=True, delivered=sorted(outs))
-            except Exception as e:  # a backend that refuses these inputs says why; the rest go on
-                row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
-                failures += 1
-            print(json.dumps(row), flush=True)
-    return 0 if failures < len(BACKENDS) else 1
-
+    return run_all(cases, out_dir, BACKENDS, lambda path, b: run_case(path, b, dev))
 
 if __name__ == "__main__":
     sys.exit(main())
