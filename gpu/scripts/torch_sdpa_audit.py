@@ -1,8 +1,10 @@
-"""Judges gpu/scripts/torch_sdpa.py's (or jax_sdpa.py's) outputs here: python3
-gpu/scripts/torch_sdpa_audit.py QKMLA CASE_DIR OUT_DIR [LOG]. Runs `qkmla audit CASE OUTPUTS --form explicit --format json` on every
-OUT_DIR/<case>__<backend>.safetensors and prints a markdown table (case, backend, delivered,
-verdict, out and lse ratios, the verdict line); LOG (torch_sdpa.py's JSON lines) adds the backends
-that refused a case. Exit 1 when any audit fails (exit 1) or cannot run (exit 2).
+"""Judges the outputs of gpu/scripts/torch_sdpa.py, jax_sdpa.py or torch_absorbed.py here:
+python3 gpu/scripts/torch_sdpa_audit.py QKMLA CASE_DIR OUT_DIR [LOG]. Runs
+`qkmla audit CASE OUTPUTS --form F --format json` on every OUT_DIR/<case>__<backend>.safetensors
+(F: absorbed for a backend named *ABSORBED*, as torch_absorbed.py's, else explicit) and prints a
+markdown table (case, backend, delivered, verdict, out and lse ratios, the verdict line); LOG (the
+runner's JSON lines) adds the backends that refused a case. Exit 1 when any audit fails (exit 1)
+or cannot run (exit 2).
 """
 import json
 import os
@@ -35,7 +37,8 @@ def main():
             continue
         case, backend = name[: -len(".safetensors")].split("__")
         p = subprocess.run([qkmla, "audit", os.path.join(cases, case + ".safetensors"),
-                            os.path.join(outs, name), "--form", "explicit", "--format", "json",
+                            os.path.join(outs, name), "--form",
+                            "absorbed" if "ABSORBED" in backend else "explicit", "--format", "json",
                             "--label", backend.lower()],
                            capture_output=True, text=True)
         if p.returncode not in (0, 1):
