@@ -175,7 +175,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Seed 1000 made the tiles hopper_fitted() was fitted on; any other seed's tiles are held out.
-  const uint64_t seed = argc == 3 ? std::stoull(argv[2]) : 1000;
+  uint64_t seed = 1000;
+  if (argc == 3) {
+    char* end = nullptr;
+    seed = std::strtoull(argv[2], &end, 10);
+    if (end == argv[2] || *end != '\0' || argv[2][0] == '-') {
+      std::fprintf(stderr, "probe_mma: SEED '%s' is not a non-negative integer\n", argv[2]);
+      return 2;
+    }
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("probe_mma: %s, sm_%d%d\n", prop.name, prop.major, prop.minor);
