@@ -12,7 +12,8 @@
 # sweep (JSON lines as rows finish, a copy baseline), one Nsight Compute summary of the decode
 # kernel (if ncu exists; --clock-control none: the clocks are left as the machine runs them, as
 # the lent machines' notes ask), the MMA probe, the report, and, where the machine has PyTorch, its
-# SDPA backends (flash, efficient, cuDNN, math) on the bundle's golden cases
+# SDPA backends (flash, efficient, cuDNN, math) and Hugging Face's eager attention (plain and
+# compiled) on the bundle's golden cases
 # (gpu/scripts/torch_sdpa.py; judged here afterwards by gpu/scripts/torch_sdpa_audit.py). Every
 # step's output is shown as it runs (stdout, also log.txt), so a time-out keeps the story. Exit 0
 # only when every step passed.

@@ -40,8 +40,9 @@ def run_case(path, impl):
         vp = np.zeros((1, T, H, d), cs.stored)
         vp[0, ..., :dv] = m.v[b, :T].astype(cs.stored)
         mask = None
-        if S > 1 and cs.causal:                                          # query i sees t <= T - S + i
-            mask = jnp.asarray(np.arange(T)[None, :] <= (T - S + np.arange(S))[:, None])[None, None]
+        if S > 1 and cs.causal:  # query i sees t <= T - S + i
+            vis = np.arange(T)[None, :] <= (T - S + np.arange(S))[:, None]
+            mask = jnp.asarray(vis)[None, None]
         o = jax.nn.dot_product_attention(q, k, jnp.asarray(vp), mask=mask, scale=float(m.scale),
                                          implementation=impl)
         out[b] = np.asarray(o[0, :, :, :dv].astype(jnp.float32))
@@ -50,9 +51,11 @@ def run_case(path, impl):
 
 def main():
     cases, out_dir = sys.argv[1], sys.argv[2]
-    print(json.dumps({"jax": jax.__version__, "devices": [str(x) for x in jax.devices()]}), flush=True)
+    print(json.dumps({"jax": jax.__version__, "devices": [str(x) for x in jax.devices()]}),
+          flush=True)
     names = {"JAX_" + i.upper(): i for i in IMPLEMENTATIONS}
     return run_all(cases, out_dir, list(names), lambda path, b: (run_case(path, names[b]), {}))
+
 
 if __name__ == "__main__":
     sys.exit(main())

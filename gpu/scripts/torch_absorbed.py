@@ -10,7 +10,8 @@ folds it (conventions §2: gains merged into the query, alpha_q and alpha_k as `
     q_pe, k_pe: Qwen3 RMSNorm, then DeepSeek's complex-view RoPE       (norm_then_rope)
     q_lat  = einsum("shd,chd->shc", q_nope * (gamma_cq * gamma_ck), W_UK)
     scores = (einsum(q_lat, kv) * alpha_q * alpha_k + einsum(q_pe, k_pe)) * scale
-    p = scores.softmax(-1, dtype=float32).type_as(x); latent = einsum(p, kv); out = einsum(latent, W_UV)
+    p = scores.softmax(-1, dtype=float32).type_as(x)
+    latent = einsum(p, kv); out = einsum(latent, W_UV)
 
 Every einsum and elementwise op is PyTorch's own kernel (cuBLAS on the GPU). Cases other than
 blockwise norm_then_rope, or with sinks or top-k, are refused with the reason. Delivers `out` and
@@ -52,7 +53,13 @@ def run_case(path, dev):
     if cs.rope_style != "interleaved" or cs.features():
         raise ValueError("not written for this rope style, top-k or sinks")
     D = TORCH_DT[np.dtype(cs.stored).name]
-    T_ = lambda name: torch.tensor(np.asarray(cs.get(name, np.float32)), device=dev).to(D)  # noqa: E731
+    held = {}
+
+    def T_(name):  # the case's tensor on the device in the stored dtype, converted once
+        if name not in held:
+            held[name] = torch.tensor(np.asarray(cs.get(name, np.float32)), device=dev).to(D)
+        return held[name]
+
     H, G, S, r, dc, dr, dv = cs.H, cs.G, cs.S, cs.r, cs.dc, cs.dr, cs.dv
     gmap = torch.arange(H, device=dev) // (H // G)
     w_uk, w_uv = T_("w_uk").view(r, G, dc), T_("w_uv").view(r, G, dv)
@@ -81,13 +88,15 @@ def run_case(path, dev):
             qpos, kpos = torch.arange(T - S, T, device=dev), torch.arange(T, device=dev)
             q_pe, k_pe = T_("q_pe")[b], T_("k_pe")[b, :T]
             if cs.norm == "blockwise":
-                q_pe, k_pe = rmsnorm(q_pe, T_("gamma_rq"), cs.eps), rmsnorm(k_pe, T_("gamma_rk"), cs.eps)
+                q_pe = rmsnorm(q_pe, T_("gamma_rq"), cs.eps)
+                k_pe = rmsnorm(k_pe, T_("gamma_rk"), cs.eps)
             q_pe = rope(q_pe, cos[qpos][:, None, :], sin[qpos][:, None, :])
             k_pe = rope(k_pe, cos[kpos], sin[kpos])
             scores = scores + torch.einsum("shr,tr->sht", q_pe, k_pe)
         scores = scores * cs.scale
         if cs.causal:
-            vis = torch.arange(T, device=dev)[None, :] <= (T - S + torch.arange(S, device=dev))[:, None]
+            vis = (torch.arange(T, device=dev)[None, :]
+                   <= (T - S + torch.arange(S, device=dev))[:, None])
             scores = scores.masked_fill(~vis[:, None, :], float("-inf"))
         lse[b] = scores.float().logsumexp(-1).cpu().numpy()
         p = scores.softmax(-1, dtype=torch.float32).type_as(scores)

@@ -8,13 +8,14 @@ explicit keys and values are formed as an explicit-form module forms them
 (tests/zoo/sdpa_explicit.py: q, k, v rounded to the stored dtype), then each backend of
 torch.nn.attention.SDPBackend (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH), and
 Hugging Face's eager attention as written and under torch.compile (HF_EAGER, HF_EAGER_COMPILED),
-runs the attention on the GPU, one call per sequence (keys cut to its length; a bottom-right causal mask
-when S_q > 1), in the stored dtype. v is zero-padded to q's head dim (the flash kernels need equal
-head dims; a zero column changes no other column). `out` is delivered in the stored dtype; `lse`
-(natural log, fp32) from the backend's own private op where it exposes one, delivered only when it
-agrees with an fp32 logsumexp of the same scores to 1e-3 (a different base or layout would be an
-interface mismatch, not numerics). Writes OUT_DIR/<case>__<backend>.safetensors and prints one JSON
-line per (case, backend); judge them here with `qkmla audit CASE OUTPUTS --form explicit`.
+runs the attention on the GPU, one call per sequence (keys cut to its length; a bottom-right
+causal mask when S_q > 1), in the stored dtype. v is zero-padded to q's head dim (the flash
+kernels need equal head dims; a zero column changes no other column). `out` is delivered in the
+stored dtype; `lse` (natural log, fp32) from the backend's own private op where it exposes one,
+delivered only when it agrees with an fp32 logsumexp of the same scores to 1e-3 (a different base
+or layout would be an interface mismatch, not numerics). Writes
+OUT_DIR/<case>__<backend>.safetensors and prints one JSON line per (case, backend); judge them
+here with `qkmla audit CASE OUTPUTS --form explicit`.
 """
 import json
 import os
@@ -36,8 +37,8 @@ BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH",
 
 
 def hf_eager(q, k, v, mask, scale):
-    """Hugging Face's eager_attention_forward: scores in the stored dtype, an fp32 softmax cast back,
-    P.V in the stored dtype (cuBLAS; compiled: what torch.compile's Inductor makes of it)."""
+    """Hugging Face's eager_attention_forward: scores in the stored dtype, an fp32 softmax cast
+    back, P.V in the stored dtype (cuBLAS; compiled: what torch.compile's Inductor makes of it)."""
     w = torch.matmul(q, k.transpose(2, 3)) * scale
     if mask is not None:
         w = w.masked_fill(~mask, float("-inf"))
@@ -55,7 +56,8 @@ def private_lse(backend, q, k, v, bias, scale):
     if backend == "FLASH_ATTENTION" and bias is None:
         r = ops._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
     elif backend == "EFFICIENT_ATTENTION":
-        r = ops._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=scale)
+        r = ops._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False,
+                                                        scale=scale)
     elif backend == "CUDNN_ATTENTION":
         r = ops._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, False, False,
                                                     scale=scale)
@@ -75,21 +77,24 @@ def run_case(path, backend, dev):
     lse = np.full((B, S, H), -np.inf, np.float32)
     info = {"lse_from": None, "private_out_equal": True, "lse_max_abs_diff": 0.0}
     lse_ok = True
+
+    def to(x):  # a stored-dtype tensor on the device from values exact in that dtype
+        return torch.tensor(np.ascontiguousarray(x, np.float32), device=dev).to(tdt)
+
     for b in range(B):
         T = int(m.seq[b])
         if T == 0:
             continue
-        to = lambda x: torch.tensor(np.ascontiguousarray(x, np.float32), device=dev).to(tdt)  # noqa: E731
         q = to(m.q[b].transpose(1, 0, 2))[None]                          # [1, H, S, d]
         k = to(m.k[b, :T].transpose(1, 0, 2))[None]                      # [1, H, T, d]
         vp = np.zeros((T, H, d), np.float32)
         vp[..., :dv] = m.v[b, :T]
         v = to(vp.transpose(1, 0, 2))[None]                              # [1, H, T, d]
         mask = bias = None
-        if S > 1 and cs.causal:                                          # query i sees t <= T - S + i
-            vis = torch.arange(T, device=dev)[None, :] <= (T - S + torch.arange(S, device=dev))[:, None]
-            mask = vis
-            bias = torch.zeros(1, H, S, T, device=dev, dtype=tdt).masked_fill(~vis, float("-inf"))
+        if S > 1 and cs.causal:  # query i sees t <= T - S + i
+            mask = (torch.arange(T, device=dev)[None, :]
+                    <= (T - S + torch.arange(S, device=dev))[:, None])
+            bias = torch.zeros(1, H, S, T, device=dev, dtype=tdt).masked_fill(~mask, float("-inf"))
         if backend.startswith("HF_EAGER"):  # no lse: the module never forms one
             fn = hf_eager_compiled if backend == "HF_EAGER_COMPILED" else hf_eager
             o, pr = fn(q, k, v, mask, float(m.scale)), None
@@ -101,15 +106,14 @@ def run_case(path, backend, dev):
                 except Exception as e:  # out is still delivered; lse is not
                     pr = None
                     info["lse_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-
         out[b] = o[0, :, :, :dv].float().cpu().numpy().transpose(1, 0, 2)
+        if pr is None:
+            lse_ok = False
+            continue
         sc = (q.float() @ k.float().transpose(-1, -2))[0] * float(m.scale)  # [H, S, T]
         if mask is not None:
             sc = sc.masked_fill(~mask, float("-inf"))
         ref = torch.logsumexp(sc, -1)                                    # [H, S]
-        if pr is None:
-            lse_ok = False
-            continue
         info["private_out_equal"] &= bool(torch.equal(pr[0], o))
         diff = float((pr[1] - ref).abs().max())
         info["lse_max_abs_diff"] = max(info["lse_max_abs_diff"], diff)
@@ -130,6 +134,7 @@ def main():
                       "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"}),
           flush=True)
     return run_all(cases, out_dir, BACKENDS, lambda path, b: run_case(path, b, dev))
+
 
 if __name__ == "__main__":
     sys.exit(main())
