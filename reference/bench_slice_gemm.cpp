@@ -14,6 +14,7 @@
 
 #include "core/generator.hpp"
 #include "core/presets.hpp"
+#include "gemm/ordered_gemm.hpp"
 #include "reference/slice_gemm.hpp"
 #include "reference/sliced_product.hpp"
 
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   std::printf("slice GEMM [%lld x %lld] . [%lld x %lld], median of %d, paper-decode bf16 slices\n",
               (long long)m, (long long)r, (long long)r, (long long)cols, reps);
   std::printf("  %-8s %8.3f ms  %.2e MAC/s  (1.00x)\n", "Eigen", eigen * 1e3, macs / eigen);
-  ref::for_each_slice_gemm_target([&](const std::string& target) {
+  gemm::for_each_simd_target([&](const std::string& target) {
     const double t = median_seconds(
         reps, [&] { ref::slice_gemm(a.data(), r, b, k_all, out.data(), cols, m, r, cols); });
     bool same = true;

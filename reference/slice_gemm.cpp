@@ -91,18 +91,5 @@ void slice_gemm(const double* A, int64_t lda, const double* B, int64_t ldb, doub
 
 std::string slice_gemm_target() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(Target)()); }
 
-void for_each_slice_gemm_target(const std::function<void(const std::string&)>& f) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    try {
-      f(hwy::TargetName(target));
-    } catch (...) {
-      hwy::SetSupportedTargetsForTest(0);
-      throw;
-    }
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
 }  // namespace qkmla::ref
 #endif

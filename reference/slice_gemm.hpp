@@ -5,7 +5,6 @@
 // it, AVX2, SSE4 or scalar otherwise), so one binary runs anywhere.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 
 namespace qkmla::ref {
@@ -16,9 +15,5 @@ void slice_gemm(const double* A, int64_t lda, const double* B, int64_t ldb, doub
 
 // The instruction set slice_gemm dispatches to on this CPU (e.g. "AVX3"), for reports.
 std::string slice_gemm_target();
-
-// Tests: calls f with each instruction set of this CPU forced in turn (its name as argument), then
-// restores the normal dispatch.
-void for_each_slice_gemm_target(const std::function<void(const std::string&)>& f);
 
 }  // namespace qkmla::ref

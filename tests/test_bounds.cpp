@@ -3,8 +3,17 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
+#include <type_traits>
+#include <vector>
 
+#include "bounds/eb_simd.hpp"
+#include "bounds/error_bound.hpp"
+#include "core/dtype.hpp"
+#include "core/rng.hpp"
+#include "gemm/ordered_gemm.hpp"
 #include "helpers.hpp"
 #include "metrics/compare.hpp"
 #include "reference/mp.hpp"
@@ -102,4 +111,122 @@ TEST_CASE("bounds.observed_errors_within_proven_bounds") {
   }
   for (const char* name : {"out", "lse", "alpha_q", "alpha_k", "latent_out"})
     CHECK(t.per_tensor.count(name) == 1);
+}
+
+namespace {
+
+// One chain of the operations the implementations use (a plain sum, a dot product, RMSNorm's
+// 1 / sqrt(. / n + eps), a gain, a softmax, a rounding to bf16), three ways: computed in F (float:
+// an fp32 implementation; double: an fp64 one, whose x^ is v itself) (x^), on the error-bound type
+// (v, e), and in MPFR at 200 bits (x). B.0's claim: e bounds both |x^ - x| and |v - x|.
+template <class F>
+void check_chain(Rng& rng, int n, double scale, int& checked) {
+  bounds::units() = bounds::make_units(std::is_same_v<F, float> ? DType::F32 : DType::F64);
+  ref::PrecisionScope scope(200);
+  std::vector<double> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    a[size_t(i)] = double(F(scale * rng.normal())), b[size_t(i)] = double(F(rng.normal()));
+  auto within = [&](double computed, double v, const ref::Mp& exact, double e,
+                    const std::string& what) {
+    const double xv = exact.convert_to<double>();
+    CAPTURE(what);
+    CHECK(std::fabs(computed - xv) <= e);
+    CHECK(std::fabs(v - xv) <= e);
+    ++checked;
+  };
+  F tf = 0, sf = 0;
+  bounds::EB te = 0, se = 0;
+  ref::Mp tx = 0, sx = 0;
+  for (int i = 0; i < n; ++i) {
+    tf += F(a[size_t(i)]), te += bounds::EB(a[size_t(i)]), tx += a[size_t(i)];
+    sf += F(a[size_t(i)]) * F(b[size_t(i)]);
+    se += bounds::EB(a[size_t(i)]) * bounds::EB(b[size_t(i)]);
+    sx += ref::Mp(a[size_t(i)]) * b[size_t(i)];
+  }
+  within(tf, te.v, tx, te.e, "sum");
+  within(sf, se.v, sx, se.e, "dot");
+  const F rf = F(1) / std::sqrt(sf * sf / F(n) + F(1e-6));
+  const bounds::EB re =
+      bounds::EB(1.0) / sqrt(se * se / bounds::EB(double(n)) + bounds::EB::converted(1e-6));
+  const ref::Mp rx = 1 / sqrt(sx * sx / n + ref::Mp(1e-6));
+  within(rf, re.v, rx, re.e, "inv_rms");
+  std::vector<F> lf(static_cast<size_t>(n));
+  std::vector<bounds::EB> le(static_cast<size_t>(n));
+  std::vector<ref::Mp> lx(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    lf[size_t(i)] = F(a[size_t(i)]) * rf;
+    le[size_t(i)] = bounds::EB(a[size_t(i)]) * re;
+    lx[size_t(i)] = a[size_t(i)] * rx;
+  }
+  F mf = lf[0];
+  for (F l : lf) mf = std::max(mf, l);
+  F Sf = 0;
+  for (F& l : lf) Sf += (l = std::exp(l - mf));
+  const F lsef = mf + std::log(Sf);
+  const bounds::EB lsee = bounds::softmax(le);
+  ref::Mp Sx = 0;
+  for (const ref::Mp& l : lx) Sx += exp(l);
+  within(lsef, lsee.v, log(Sx), lsee.e, "lse");
+  for (int i = 0; i < n; ++i) {
+    within(lf[size_t(i)] / Sf, le[size_t(i)].v, exp(lx[size_t(i)]) / Sx, le[size_t(i)].e, "p");
+    const bounds::EB pe = bounds::store(DType::BF16, le[size_t(i)]);
+    within(round_to(DType::BF16, lf[size_t(i)] / Sf), pe.v, exp(lx[size_t(i)]) / Sx, pe.e,
+           "p in bf16");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bounds.value_and_computed_both_within_bound") {
+  const uint64_t s = test::seed(83);
+  CAPTURE(s);
+  Rng rng(s);
+  int checked = 0;
+  for (int n : {1, 7, 64, 512})
+    for (double scale : {1e-3, 1.0, 30.0}) {
+      check_chain<float>(rng, n, scale, checked);
+      check_chain<double>(rng, n, scale, checked);
+    }
+  CHECK(checked > 1000);
+}
+
+// eb_axpy (the vectorized y += c x of the error-bound type) gives the scalar operators' bits on
+// every instruction set of this CPU: exact and inexact operands, zeros, infinite bounds, tails.
+TEST_CASE("bounds.eb_axpy_is_the_scalar_rule_on_every_target") {
+  const uint64_t s = test::seed(84);
+  CAPTURE(s);
+  Rng rng(s);
+  bounds::units() = bounds::make_units(DType::F32);
+  const int n = 37;  // a tail on every vector width
+  auto draw = [&](bool exact) {
+    const double v = rng.below(5) == 0 ? 0.0 : rng.normal();
+    const uint64_t k = rng.below(6);
+    const double e = exact || k == 0 ? 0.0
+                     : k == 5        ? std::numeric_limits<double>::infinity()
+                                     : 1e-7 * k;
+    return bounds::EB(v, e);
+  };
+  int compared = 0;
+  for (bool c_exact : {true, false})
+    for (bool x_exact : {true, false}) {
+      const bounds::EB c = draw(c_exact);
+      std::vector<bounds::EB> x, y0;
+      for (int j = 0; j < n; ++j)
+        x.push_back(draw(x_exact && j % 3 != 0)), y0.push_back(draw(false));
+      std::vector<bounds::EB> want = y0;
+      for (int j = 0; j < n; ++j) want[size_t(j)] += c * x[size_t(j)];
+      gemm::for_each_simd_target([&](const std::string& target) {
+        CAPTURE(target);
+        std::vector<bounds::EB> got = y0;
+        bounds::eb_axpy(c, x.data(), got.data(), n);
+        for (int j = 0; j < n; ++j) {
+          const bool same_v = std::memcmp(&got[size_t(j)].v, &want[size_t(j)].v, 8) == 0;
+          const bool same_e = std::memcmp(&got[size_t(j)].e, &want[size_t(j)].e, 8) == 0;
+          CHECK(same_v);
+          CHECK(same_e);
+          ++compared;
+        }
+      });
+    }
+  CHECK(compared >= 4 * n);
 }

@@ -351,7 +351,7 @@ TEST_CASE("gpu.ordered_gemm.every_target_gives_the_scalar_loops_bits") {
   Rng rng(s);
   int targets = 0, fused_differs = 0;
   std::string names;
-  gemm::for_each_ordered_gemm_target([&](const std::string& target) {
+  gemm::for_each_simd_target([&](const std::string& target) {
     ++targets;
     names += " " + target;
     fused_differs += check_ordered_gemm<float>(rng, target);

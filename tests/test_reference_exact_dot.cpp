@@ -9,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/rng.hpp"
+#include "gemm/ordered_gemm.hpp"
 #include "helpers.hpp"
 #include "reference/exact_dot.hpp"
 #include "reference/mp.hpp"
@@ -157,7 +158,7 @@ TEST_CASE("reference.slice_gemm.every_target_sums_exactly") {
       for (int64_t p = 0; p < n; ++p)
         want[size_t(i * kc + j)] += a[size_t(i * n + p)] * b[size_t(p * ldb + j)];
   int targets = 0;
-  ref::for_each_slice_gemm_target([&](const std::string& target) {
+  gemm::for_each_simd_target([&](const std::string& target) {
     CAPTURE(target);
     ++targets;
     std::vector<double> got(size_t(m * kc), -1.0);

@@ -1,7 +1,8 @@
-// Forward error analysis by operation (proofs/error_bounds.md, steps B.1-B.9): an arithmetic
-// type that carries, for each value an implementation computes, the exact value it stands for
-// (v) and a bound on the difference (e). Running a CPU profile implementation on this type (the
-// same template code, the same operation order) yields its error bound, element by element.
+// Forward error analysis by operation (proofs/error_bounds.md, steps B.0-B.9): an arithmetic
+// type that carries, for each value an implementation computes, an approximation v of the exact
+// value it stands for and a bound e on two distances at once: |computed - exact| and |v - exact|.
+// Running a CPU profile implementation on this type (the same template code, the same operation
+// order) yields its error bound, element by element.
 #pragma once
 #include <cmath>
 #include <limits>
@@ -12,11 +13,13 @@
 namespace qkmla::bounds {
 
 // Unit roundoffs of the arithmetic being bounded: u of the accumulate type, u_f of the library's
-// exp/log (assumption F: within 1 ulp, so 2u), set before a run (one thread).
+// exp/log (assumption F: within 1 ulp, so 2u), set before a run (one thread). v is computed in
+// double, u0 = 2^-53 <= u, by the same operations in the same order: every rule below bounds the
+// implementation's result and v alike (B.0).
 struct Units {
-  long double u = 0, u_f = 0;
-  long double eta = 0;   // half the smallest subnormal of the accumulate type (underflow, B.2)
-  long double tiny = 0;  // the smallest normal of the accumulate type (exp underflow, B.8)
+  double u = 0, u_f = 0;
+  double eta = 0;   // half the smallest subnormal of the accumulate type (underflow, B.2)
+  double tiny = 0;  // the smallest normal of the accumulate type (exp underflow, B.9)
 };
 // Per thread (the gate bounds several profiles side by side); inline, since every operation of
 // the type reads it.
@@ -26,78 +29,85 @@ inline Units& units() {
 }
 Units make_units(DType accumulate);  // u, u_f = 2u, eta of that format
 
-// Bounds are computed in long double and pushed up by 2^-60 per operation, so their own
-// rounding never makes them smaller than the true bound (B.0).
-inline long double up(long double x) { return x * (1.0L + 0x1p-60L); }
+// B.0: a rule's formula takes at most 16 roundings to nearest in double, each a relative 2^-53 of
+// non-negative terms (or an underflow of at most 2^-1075); times 1 + 2^-48 plus 2^-1068 covers
+// them, so a bound's own rounding never makes it smaller than the formula's value.
+inline double up(double x) { return x * (1.0 + 0x1p-48) + 0x1p-1068; }
+constexpr double kU0 = 0x1p-53;  // unit roundoff of double, in which v is computed
 
 struct EB {
-  long double v = 0;  // the exact value this quantity approximates
-  long double e = 0;  // |computed - v| <= e
+  double v = 0;  // approximates the exact value: |v - exact| <= e
+  double e = 0;  // |computed - exact| <= e
   EB() = default;
   EB(double x) : v(x), e(0) {}  // stored inputs and constants are exact
-  EB(long double value, long double err) : v(value), e(err) {}
+  EB(double value, double err) : v(value), e(err) {}
   // A run's outputs are written through double(x): what comes out is the bound.
-  explicit operator double() const { return double(e); }
-  // A value computed offline in long double and rounded to `rounded`: the long double value is
-  // itself within 2^-63 of the exact one (64-bit significand), so both count.
-  static EB rounded_from(long double exact, double rounded) {
-    return {exact, up(std::fabs((long double)rounded - exact) + std::fabs(exact) * 0x1p-63L)};
-  }
+  explicit operator double() const { return e; }
+  // A value computed offline and rounded to `rounded`, which the implementation then uses: v is
+  // that value, e its distance from the exact one (`exact` is a long double product, itself
+  // within 2^-63 of the exact value).
+  static EB rounded_from(long double exact, double rounded);
   // A decimal constant of the config (eps, the softmax scale) converted to the accumulate type:
   // one rounding, u |x|.
   static EB converted(double x);
 };
 
-// B.1 addition and subtraction: |fl(x^ +- y^) - (x +- y)| <= ex + ey + u(|x +- y| + ex + ey).
+// An exact zero times an unbounded error is zero, not NaN. Both tests are evaluated (no short
+// circuit), so the select needs no branch.
+inline double times0(double x, double y) {
+  const double p = x * y;
+  return (x == 0) | (y == 0) ? 0 : p;
+}
+
+// B.1 addition and subtraction, s = e_x + e_y: e = s + u(|v|(1 + 2u0) + 2s), which bounds the
+// rounding of x^ + y^ (|x^ + y^| <= |x + y| + s) and of v_x + v_y alike.
 inline EB operator+(const EB& a, const EB& b) {
-  const long double v = a.v + b.v, s = a.e + b.e;
-  return {v, up(s + units().u * (std::fabs(v) + s))};
+  const double v = a.v + b.v, s = a.e + b.e;
+  return {v, up(s + units().u * (std::fabs(v) * (1 + 2 * kU0) + 2 * s))};
 }
 inline EB operator-(const EB& a) { return {-a.v, a.e}; }
 inline EB operator-(const EB& a, const EB& b) { return a + (-b); }
-// B.2 multiplication: |x^y^ - xy| <= |x|ey + |y|ex + ex ey, then one rounding.
-// An exact zero times an unbounded error is zero, not NaN: the term is |x| e_y with x = 0.
-// Both tests are evaluated (no short circuit), so the select needs no branch.
-inline long double times0(long double x, long double y) {
-  const long double p = x * y;
-  return (x == 0) | (y == 0) ? 0 : p;
-}
+// B.2 multiplication: |x^ y^ - xy| and |v_x v_y - xy| are both at most
+// d = |v_x| e_y + |v_y| e_x + 3 e_x e_y (|x| <= |v_x| + e_x); then one rounding of a value at most
+// M = (|v_x| + e_x)(|v_y| + e_y) + d, and eta. An exact operand (e = 0) zeroes two of the terms.
 inline EB operator*(const EB& a, const EB& b) {
-  const long double v = a.v * b.v;
-  // An exact operand (a stored input: e = 0) zeroes two of the three terms; adding those +0s is
-  // exact, so skipping them gives the same bits (measured: the default gate's JSON unchanged).
-  const long double d =
-      b.e == 0   ? times0(std::fabs(b.v), a.e)
-      : a.e == 0 ? times0(std::fabs(a.v), b.e)
-                 : times0(std::fabs(a.v), b.e) + times0(std::fabs(b.v), a.e) + times0(a.e, b.e);
-  return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
+  const double v = a.v * b.v, ax = std::fabs(a.v), bx = std::fabs(b.v);
+  const double d = b.e == 0   ? times0(bx, a.e)
+                   : a.e == 0 ? times0(ax, b.e)
+                              : times0(ax, b.e) + times0(bx, a.e) + 3 * times0(a.e, b.e);
+  const double m = (ax + a.e) * (bx + b.e) + d;
+  return {v, up(d + units().u * m + units().eta)};
 }
-// B.3 division (requires ey < |y|): |x^/y^ - x/y| <= (ex + |x/y| ey) / (|y| - ey), then one
-// rounding.
+// B.3 division (requires 2 e_y < |v_y|): with Q = (|v_x| + e_x) / (|v_y| - e_y) >= |x / y|,
+// d = (e_x + Q e_y) / (|v_y| - 2 e_y) bounds |x^/y^ - x/y| and |v_x/v_y - x/y|; then one
+// rounding of a value at most Q + d, and eta.
 inline EB operator/(const EB& a, const EB& b) {
-  const long double v = a.v / b.v;
-  const long double den = std::fabs(b.v) - b.e;
-  const long double d =
-      den > 0 ? (a.e + std::fabs(v) * b.e) / den : std::numeric_limits<long double>::infinity();
-  return {v, up(d + units().u * (std::fabs(v) + d) + units().eta)};
+  const double v = a.v / b.v, by = std::fabs(b.v);
+  const double den = by - 2 * b.e;
+  if (!(den > 0)) return {v, std::numeric_limits<double>::infinity()};
+  const double q = (std::fabs(a.v) + a.e) / (by - b.e);
+  const double d = (a.e + q * b.e + 0x1p-1068) / den;  // the floor: an underflow before dividing
+  return {v, up(d + units().u * (q + d) + units().eta)};
 }
 inline EB& operator+=(EB& a, const EB& b) { return a = a + b; }
 inline EB& operator-=(EB& a, const EB& b) { return a = a - b; }
 inline EB& operator*=(EB& a, const EB& b) { return a = a * b; }
 inline EB& operator/=(EB& a, const EB& b) { return a = a / b; }
-// B.4 square root (correctly rounded): |sqrt(x^) - sqrt(x)| <= ex / (sqrt(x) + sqrt(max(x - ex,
-// 0))).
+// B.4 square root (correctly rounded): x >= v_x - e_x, so
+// d = e_x / (sqrt(max(v_x - e_x, 0)) + sqrt(max(v_x - 2 e_x, 0))) (or sqrt(e_x) when that is 0)
+// bounds |sqrt(x^) - sqrt(x)| and |sqrt(v_x) - sqrt(x)|; one rounding of at most
+// sqrt(v_x + e_x) + d.
 inline EB sqrt(const EB& a) {
-  const long double v = std::sqrt(a.v);
-  const long double den = v + std::sqrt(std::max(a.v - a.e, 0.0L));
-  const long double d = den > 0 ? a.e / den : std::sqrt(a.e);
-  return {v, up(d + units().u * (v + d))};
+  const double v = std::sqrt(a.v);
+  const double den = std::sqrt(std::max(a.v - a.e, 0.0)) + std::sqrt(std::max(a.v - 2 * a.e, 0.0));
+  const double d = den > 0 ? a.e / den : std::sqrt(a.e);
+  return {v, up(d + units().u * (std::sqrt(std::max(a.v + a.e, 0.0)) + d))};
 }
 
-// B.7 rounding to the stored dtype D: one more relative u_D of the computed value, or half the
-// smallest subnormal of D in its subnormal range.
+// B.7 rounding to the stored dtype D: one more relative u_D of the computed value (at most
+// |v| + 2e), or half the smallest subnormal of D in its subnormal range; v is not rounded.
 EB store(DType d, const EB& x);
-// B.8 softmax over one row (shift-invariant analysis; replaces the generic code for EB).
+// B.9 softmax over one row (shift-invariant analysis; replaces the generic code for EB).
 EB softmax(std::vector<EB>& logits_to_p);
 
 }  // namespace qkmla::bounds
@@ -105,9 +115,7 @@ EB softmax(std::vector<EB>& logits_to_p);
 namespace std {
 template <>
 struct numeric_limits<qkmla::bounds::EB> {
-  static qkmla::bounds::EB quiet_NaN() {
-    return {std::numeric_limits<long double>::quiet_NaN(), 0};
-  }
-  static qkmla::bounds::EB infinity() { return {std::numeric_limits<long double>::infinity(), 0}; }
+  static qkmla::bounds::EB quiet_NaN() { return {std::numeric_limits<double>::quiet_NaN(), 0.0}; }
+  static qkmla::bounds::EB infinity() { return {std::numeric_limits<double>::infinity(), 0.0}; }
 };
 }  // namespace std

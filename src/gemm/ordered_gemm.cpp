@@ -134,7 +134,7 @@ void ordered_gemm(const double* X, int64_t rows, int n, const double* W, int64_t
 
 std::string ordered_gemm_target() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(Target)()); }
 
-void for_each_ordered_gemm_target(const std::function<void(const std::string&)>& f) {
+void for_each_simd_target(const std::function<void(const std::string&)>& f) {
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     try {

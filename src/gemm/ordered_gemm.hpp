@@ -24,7 +24,8 @@ void ordered_gemm(const double* X, int64_t rows, int n, const double* W, int64_t
 std::string ordered_gemm_target();
 
 // Tests: calls f with each instruction set of this CPU forced in turn (its name as argument), then
-// restores the normal dispatch.
-void for_each_ordered_gemm_target(const std::function<void(const std::string&)>& f);
+// restores the normal dispatch. Highway's forcing is process-wide, so it forces every dispatched
+// kernel at once: this GEMM, the reference's slice GEMMs and the error-bound type's axpy.
+void for_each_simd_target(const std::function<void(const std::string&)>& f);
 
 }  // namespace qkmla::gemm

@@ -83,10 +83,13 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
     lc.alpha_k = own_alpha_k.data();
   }
   if (rounds_at(d.cache, A)) lc.round_c = d.cache;
-  if (stats)
+  // Looked up once: a name lookup per element costs more than the element's store.
+  Tensor &o_out = o.tensors["out"], &o_lse = o.tensors["lse"], &o_lat = o.tensors["latent_out"];
+  if (stats) {
+    Tensor& o_ak = o.tensors["alpha_k"];
     for (int64_t t = 0; t < T; ++t)
-      for (int g = 0; g < G; ++g)
-        o.tensors["alpha_k"].at({b, t, g}) = double(lc.alpha_k[size_t(t * G + g)]);
+      for (int g = 0; g < G; ++g) o_ak.at({b, t, g}) = double(lc.alpha_k[size_t(t * G + g)]);
+  }
   const Acc scale = design_scale<Acc>(d, hook::softmax_scale(p, cf));
   for (int i = 0; i < cf.s_q; ++i)
     for (int h = 0; h < cf.heads; ++h) {
@@ -98,14 +101,14 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       std::vector<Acc> lat;
       const RowRounding rr = row_rounding(d, A, k, h);
       const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, rr, lat);
-      o.tensors["lse"].at({b, i, h}) =
+      o_lse.at({b, i, h}) =
           double(hook::lse_out(p, apply_sink(k, p, h, lse, lat, rr), Acc(std::log(2.0))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6
-      for (int l = 0; l < r; ++l) o.tensors["latent_out"].at({b, i, h, l}) = double(lat[size_t(l)]);
+      for (int l = 0; l < r; ++l) o_lat.at({b, i, h, l}) = double(lat[size_t(l)]);
       for (int j = 0; j < dv; ++j)
-        o.tensors["out"].at({b, i, h, j}) = double(round_point(d.out, A, out[size_t(j)]));
+        o_out.at({b, i, h, j}) = double(round_point(d.out, A, out[size_t(j)]));
     }
 }
 

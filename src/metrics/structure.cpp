@@ -17,17 +17,16 @@ std::vector<double> structure_values(const Structure& s) {
 
 namespace {
 
-// Per unit: sum of squared errors, of squared references, and of error x reference.
+// Per unit: sum of squared errors, of squared references, and of error x reference, in double
+// (their relative rounding, ~n 2^-53, is far below any ratio the judge draws from them).
 struct Sums {
-  std::vector<long double> ee, yy, ey;
+  std::vector<double> ee, yy, ey;
   explicit Sums(int64_t n) : ee(size_t(n), 0), yy(size_t(n), 0), ey(size_t(n), 0) {}
   // The three products of one element, formed once for every unit it belongs to.
   struct Terms {
-    long double ee, yy, ey;
+    double ee, yy, ey;
   };
-  static Terms terms(double e, double y) {
-    return {(long double)e * e, (long double)y * y, (long double)e * y};
-  }
+  static Terms terms(double e, double y) { return {e * e, y * y, e * y}; }
   void add(int64_t u, const Terms& t) {
     ee[size_t(u)] += t.ee;
     yy[size_t(u)] += t.yy;
@@ -89,15 +88,20 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   const int64_t per_seq = rank >= 1 ? n / std::max<int64_t>(y.shape[0], 1) : 0;
   Sums row(rank == 4 ? rows : 0), head(heads), seq(rank >= 1 ? y.shape[0] : 0);
   Sums all(1);
-  std::vector<long double> row_eeyy(size_t(rank == 4 ? rows : 0), 0);  // sum e^2 y^2 per row
-  for (int64_t i = 0; i < n; ++i) {
-    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
-      continue;
-    const Sums::Terms t = Sums::terms(x[i] - y[i], y[i]);
-    all.add(0, t);
-    if (rank == 4) row.add(i / width, t), row_eeyy[size_t(i / width)] += t.ee * t.yy;
-    if (rank >= 3) head.add((i / width) % heads, t);
-    if (rank >= 1) seq.add(i / per_seq, t);
+  std::vector<double> row_eeyy(size_t(rank == 4 ? rows : 0), 0);  // sum e^2 y^2 per row
+  // Row by row, so that a row's head and sequence are found once (per_seq is a multiple of
+  // width); each unit still takes its elements in increasing order.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t h = heads > 0 ? r % heads : 0, b = per_seq > 0 ? r * width / per_seq : 0;
+    for (int64_t i = r * width; i < (r + 1) * width; ++i) {
+      if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
+        continue;
+      const Sums::Terms t = Sums::terms(x[i] - y[i], y[i]);
+      all.add(0, t);
+      if (rank == 4) row.add(r, t), row_eeyy[size_t(r)] += t.ee * t.yy;
+      if (rank >= 3) head.add(h, t);
+      if (rank >= 1) seq.add(b, t);
+    }
   }
   Structure s;
   s.worst_row = rank == 4 ? row.worst() : nan;
