@@ -189,9 +189,10 @@ TEST_CASE("bounds.value_and_computed_both_within_bound") {
   CHECK(checked > 1000);
 }
 
-// eb_axpy (the vectorized y += c x of the error-bound type) gives the scalar operators' bits on
-// every instruction set of this CPU: exact and inexact operands, zeros, infinite bounds, tails.
-TEST_CASE("bounds.eb_axpy_is_the_scalar_rule_on_every_target") {
+// eb_axpy (the vectorized y += c x of the error-bound type) and eb_dots (dots of evenly spaced
+// rows, a lane per row) give the scalar operators' bits on every instruction set of this CPU:
+// exact and inexact operands, zeros, infinite bounds, capped factors, tails.
+TEST_CASE("bounds.eb_simd_is_the_scalar_rule_on_every_target") {
   const uint64_t s = test::seed(84);
   CAPTURE(s);
   Rng rng(s);
@@ -227,5 +228,28 @@ TEST_CASE("bounds.eb_axpy_is_the_scalar_rule_on_every_target") {
         }
       });
     }
-  CHECK(compared >= 4 * n);
+  const int m = 13, stride = n + 4;  // rows of n terms, 4 unread values between them
+  std::vector<bounds::EB> a, rows;
+  for (int j = 0; j < n; ++j) a.push_back(draw(j % 4 == 0));
+  for (int i = 0; i < m * stride; ++i) {
+    bounds::EB b = draw(i % 5 == 0);
+    b.f = i % 7 == 0 ? 1.0 : 0.0;  // a value downstream of a capped weight
+    rows.push_back(b);
+  }
+  std::vector<bounds::EB> want(static_cast<size_t>(m));
+  for (int u = 0; u < m; ++u) {
+    bounds::EB acc = 0;
+    for (int j = 0; j < n; ++j) acc += a[size_t(j)] * rows[size_t(u * stride + j)];
+    want[size_t(u)] = acc;
+  }
+  gemm::for_each_simd_target([&](const std::string& target) {
+    CAPTURE(target);
+    std::vector<bounds::EB> got(static_cast<size_t>(m));
+    bounds::eb_dots(a.data(), rows.data(), stride, m, n, got.data());
+    for (int u = 0; u < m; ++u) {
+      CHECK(std::memcmp(&got[size_t(u)], &want[size_t(u)], sizeof(bounds::EB)) == 0);
+      ++compared;
+    }
+  });
+  CHECK(compared >= 4 * n + m);
 }

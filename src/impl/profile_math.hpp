@@ -168,6 +168,13 @@ Acc dot(const Acc* a, const Acc* b, int n) {
 // their sums, each sequential, run side by side: one dot alone waits on its adds' latency.
 template <class Acc>
 void ordered_dots(const Acc* a, const Acc* const* rows, int64_t m, int n, Acc* out) {
+  if constexpr (std::is_same_v<Acc, bounds::EB>) {
+    // Rows evenly spaced (a weight matrix's rows, a cache's tokens): a vector lane per row.
+    const int64_t stride = m > 1 ? rows[1] - rows[0] : 0;
+    bool even = forward_order() && m > 1;
+    for (int64_t u = 2; even && u < m; ++u) even = rows[u] - rows[0] == u * stride;
+    if (even) return bounds::eb_dots(a, rows[0], stride, m, n, out);
+  }
   constexpr int U = 8;
   int64_t u0 = 0;
   {  // the error-bound type too: its (v, e) chains wait on latency as a float's do
