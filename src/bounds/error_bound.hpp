@@ -45,7 +45,7 @@ struct EB {
   double f = 0;  // 0, or 1 where v may be as far from the exact value as e (a capped p, B.9)
   EB() = default;
   EB(double x) : v(x), e(0) {}  // stored inputs and constants are exact
-  EB(double value, double err, double factor = 0) : v(value), e(err), f(factor) {}
+  EB(double value, double err, double fac = 0) : v(value), e(err), f(fac) {}
   // A run's outputs are written through double(x): what comes out is the bound.
   explicit operator double() const { return e; }
   // A value computed offline and rounded to `rounded`, which the implementation then uses: v is

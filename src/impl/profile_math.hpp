@@ -177,7 +177,7 @@ void ordered_dots(const Acc* a, const Acc* const* rows, int64_t m, int n, Acc* o
   }
   constexpr int U = 8;
   int64_t u0 = 0;
-  {  // the error-bound type too: its (v, e) chains wait on latency as a float's do
+  {  // the error-bound type too (rows not evenly spaced): its chains wait on latency as well
     const SumOrder o = forward_order() ? SumOrder{} : sum_order();
     for (; u0 + U <= m; u0 += U) {
       const Acc* p[U];
