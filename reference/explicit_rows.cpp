@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/attention_math.hpp"
+#include "reference/mp_matmul.hpp"
 
 namespace qkmla::ref {
 
@@ -53,6 +54,8 @@ namespace {
 // heap; this order measured ~5 % faster per run than token by token over every group). The order
 // of the operations on each value is unchanged, so the bits are too.
 constexpr int64_t kChunk = 64;
+// Tokens whose p enter latent_out's exact products (X.4) together: 256, as A.5 takes them.
+constexpr int64_t kLatentBlock = 256;
 
 }  // namespace
 
@@ -85,7 +88,7 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
   for (PackedMpVec& l : logits_) l.reserve(size_t(T_));
   lse_.resize(n);
   out_.assign(n, std::vector<ExactSum>(size_t(c_.d_v)));
-  lat_.assign(latent_ ? n : 0, std::vector<ExactSum>(size_t(c_.latent_rank)));
+  lat_.assign(latent_ ? n * size_t(c_.latent_rank) : 0, ExactSum());
   seen_.assign(n, 0);
   if (c_.norm != NormMode::None) {  // multiplying by an exact Mp rounds as mpfr_mul_d does
     const bool uni = c_.norm == NormMode::Unified;
@@ -173,29 +176,36 @@ void ExplicitRows::softmax() {  // E.6; p = exp(logit - lse) is formed again as 
 }
 
 // E.7: out = sum_t p v[t, g(h)], v exact then rounded once, p rounded once, the sum exact (X.6);
-// latent_out likewise with c[t] (a double, exact).
+// latent_out likewise with c[t] (doubles, exact): the p of every row for a block of tokens, then
+// those sums by X.4's exact products into the same X.6 sums (one rounding either way, so the bits
+// are those of a term-by-term sum; c[t] is shared by every group, so all rows go at once).
 void ExplicitRows::values(int64_t t0, int64_t t1) {
   const Tensor& kv = k_.latent();
   const int64_t r = c_.latent_rank;
-  std::vector<double> held;  // c[t] of a compact cache
-  Mp p, logit;
+  std::vector<double> held;  // c of the block, [nb, r]
+  Mp logit;
   MpVec v(size_t(c_.d_v));  // v[t, g] [d_v]
-  for (int g = 0; g < c_.groups; ++g) {
-    if (!needed_[size_t(g)]) continue;
-    for (int64_t t = t0; t < t1; ++t) {
-      const double* ct = latent_ ? kv.rows(kv.index({b_, t, 0}), r, held) : nullptr;  // c[t] [r]
-      for (int j = 0; j < c_.d_v; ++j) set_expansion(v[size_t(j)], v_.entry(t, g * c_.d_v + j));
-      for (size_t x : by_group_[size_t(g)]) {
-        if (!visible(x, t)) continue;
-        logits_[x].get(seen_[x]++, logit);
-        p = exp(logit - lse_[x]);
-        for (int j = 0; j < c_.d_v; ++j)
-          out_[x][size_t(j)].add_product(p.backend().data(), v[size_t(j)].backend().data());
-        if (!latent_) continue;
-        for (size_t j = 0; j < lat_[x].size(); ++j)
-          lat_[x][j].add_product(p.backend().data(), ct[j]);
+  for (int64_t s0 = t0; s0 < t1; s0 += kLatentBlock) {
+    const int64_t s1 = std::min(t1, s0 + kLatentBlock);
+    std::vector<MpVec> p(latent_ ? ids_.size() : 0, MpVec(size_t(s1 - s0)));  // [rows][nb]: p_t
+    Mp pt;
+    for (int g = 0; g < c_.groups; ++g) {
+      if (!needed_[size_t(g)]) continue;
+      for (int64_t t = s0; t < s1; ++t) {
+        for (int j = 0; j < c_.d_v; ++j) set_expansion(v[size_t(j)], v_.entry(t, g * c_.d_v + j));
+        for (size_t x : by_group_[size_t(g)]) {
+          if (!visible(x, t)) continue;
+          Mp& px = latent_ ? p[x][size_t(t - s0)] : pt;  // 0 where not visible
+          logits_[x].get(seen_[x]++, logit);
+          px = exp(logit - lse_[x]);
+          for (int j = 0; j < c_.d_v; ++j)
+            out_[x][size_t(j)].add_product(px.backend().data(), v[size_t(j)].backend().data());
+        }
       }
     }
+    if (latent_)
+      add_mp_times_doubles(p, s1 - s0, kv.rows(kv.index({b_, s0, 0}), (s1 - s0) * r, held), r, r,
+                           lat_);
   }
 }
 
@@ -214,7 +224,7 @@ void ExplicitRows::finish() {
     for (int j = 0; j < c_.d_v; ++j) put("out", base * c_.d_v + j, out_[x][size_t(j)]);
     if (latent_)
       for (int j = 0; j < c_.latent_rank; ++j)
-        put("latent_out", base * c_.latent_rank + j, lat_[x][size_t(j)]);
+        put("latent_out", base * c_.latent_rank + j, lat_[x * size_t(c_.latent_rank) + size_t(j)]);
   }
 }
 

@@ -56,7 +56,7 @@ class ExplicitRows {
   std::vector<PackedMpVec> logits_;  // [rows][visible t]: the only per-token state kept (E.5)
   MpVec lse_;                        // [rows]
   std::vector<std::vector<ExactSum>> out_;  // [rows][d_v]: E.7's sums, exact (X.6)
-  std::vector<std::vector<ExactSum>> lat_;  // [rows][r] (latent_out only)
+  std::vector<ExactSum> lat_;               // [rows * r] (latent_out only)
   std::vector<size_t> seen_;                // [rows]: logits read back by values()
   MpVec gain_c_, gain_r_;                   // the key gains (exact): content [d_c], rope [d_r]
   // keys(): per token of the chunk in hand, the rope part of its key [chunk][d_r] (unified: the
