@@ -85,7 +85,8 @@ std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, do
     const Design& d = ys.designs[n].d;  // the delivered tensor's own point names the member
     const std::string at = t == "out"          ? " (out " + format_word(d.out) + ")"
                            : t == "latent_out" ? " (latent_out " + format_word(d.latent_out) + ")"
-                                               : "";
+                           : t == "lse" && d.lse != DType::F64 ? " (lse " + format_word(d.lse) + ")"
+                                                               : "";
     FamilyFit f{ys.designs[n].family + at, to_string(d), y, rel_l2 / std::max(y, floor), false};
     f.consistent = f.ratio <= k;
     auto it = best.find(f.family);
@@ -182,9 +183,10 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
       throw InputError(outputs_path, name,
                        "dtype I32: an output is a floating-point tensor (F64, F32, F16, BF16 or "
                        "F8_E4M3)");
-    if (name == "lse") convert_lse(x, y, o);
     masks[name] = valid_mask(cf.k, name);
+    // the formats of the values as given (a base-2 lse stored in bf16 is bf16 before conversion)
     delivered[name] = consistent_formats(x, masks[name], c.profile);
+    if (name == "lse") convert_lse(x, y, o);
   }
   if (delivered.empty())
     throw InputError(outputs_path, "outputs",

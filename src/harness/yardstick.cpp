@@ -156,8 +156,16 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     }
     return out;
   };
+  // lse: the least accurate format the delivered values are consistent with (an lse no stage
+  // reads is a last rounding, so one point, not a family of its own): vLLM's Triton MLA delivers
+  // it in q's dtype.
+  DType lse = DType::F64;
+  if (delivered.count("lse"))
+    for (DType f : delivered.at("lse"))
+      if (rounds_at(f, A) && (lse == DType::F64 || wider(lse, f))) lse = f;
   std::vector<Candidate> out;
   auto add = [&](const std::string& family, Design d) {
+    d.lse = lse;
     if (!rounds_at(d.score, A)) d.score = DType::F64;
     if (!rounds_at(d.alpha_q, A)) d.alpha_q = DType::F64;
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;

@@ -101,8 +101,8 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       std::vector<Acc> lat;
       const RowRounding rr = row_rounding(d, A, k, h);
       const Acc lse = latent_attend(cf, q, lc, g, tokens, scale, p, rr, lat);
-      o_lse.at({b, i, h}) =
-          double(hook::lse_out(p, apply_sink(k, p, h, lse, lat, rr), Acc(std::log(2.0))));
+      o_lse.at({b, i, h}) = double(round_point(
+          d.lse, A, hook::lse_out(p, apply_sink(k, p, h, lse, lat, rr), Acc(std::log(2.0)))));
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6

@@ -192,7 +192,8 @@ Outputs run(const Case& k, const Design& d) {
           auto value = [&](int64_t t) { return e.v.data() + t * dv; };
           std::vector<Acc> acc;
           const Acc row_lse = attend_row(tokens, logit, value, dv, acc, rr);  // E.6-E.7
-          lse.at({b, i, h}) = double(apply_sink(k, Perturbation{}, h, row_lse, acc, rr));
+          lse.at({b, i, h}) =
+              double(round_point(d.lse, A, apply_sink(k, Perturbation{}, h, row_lse, acc, rr)));
           for (int j = 0; j < dv; ++j)
             out.at({b, i, h, j}) = double(round_point(d.out, A, acc[size_t(j)]));
         }

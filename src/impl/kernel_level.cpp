@@ -123,8 +123,9 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
         const Acc row_lse =
             latent_attend(cf, q, view, cf.group_of(h), tokens,
                           design_scale<Acc>(d, hook::softmax_scale(pt, cf)), pt, rr, lat);
-        lse[row] =
-            double(hook::lse_out(pt, apply_sink(k, pt, h, row_lse, lat, rr), Acc(std::log(2.0))));
+        lse[row] = double(round_point(
+            d.lse, A,
+            hook::lse_out(pt, apply_sink(k, pt, h, row_lse, lat, rr), Acc(std::log(2.0)))));
         for (int l = 0; l < r; ++l)
           lat_out[row * r + l] = double(round_point(d.latent_out, A, lat[size_t(l)]));
       }

@@ -45,11 +45,12 @@ sys.path.insert(0, HERE)
 from common import load, save_outputs  # noqa: E402
 
 STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "sdpa_explicit",
-          "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla"]
+          "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla", "vllm_triton",
+          "ggml_cpu"]
 # seeds from here on also draw sparse top-k, attention sinks and fp8-block128 (case_spec); the
 # specs of earlier seeds are unchanged, since reports cite them
 NEW_FEATURES_FROM = 95000
-FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539 and 96000-96239 (each held seeds that prompted a fix)"
+FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539, 96000-96239 and 100100-100139 (each held seeds that prompted a fix)"
 OUTPUTS = ("out", "lse", "latent_out")
 STATS = ("rel_l2", "worst_unit", "sys_global", "sys_rows")
 
@@ -139,9 +140,11 @@ def golden_cmd(binary, spec, path):
 
 
 def applicable(mod, cs):
-    """A style runs a case when it runs the case's level and every §1.5 feature the case uses is
-    in its FEATURES (a style without the attribute claims none: it is skipped on such cases)."""
-    return cs.level in mod.LEVELS and set(cs.features()) <= set(getattr(mod, "FEATURES", ()))
+    """A style runs a case when it runs the case's level and profile (PROFILES; every profile
+    when absent) and every §1.5 feature the case uses is in its FEATURES (a style without the
+    attribute claims none: it is skipped on such cases)."""
+    return (cs.level in mod.LEVELS and cs.profile in getattr(mod, "PROFILES", (cs.profile,))
+            and set(cs.features()) <= set(getattr(mod, "FEATURES", ())))
 
 
 # ----------------------------------------------------------------------------- statistics
