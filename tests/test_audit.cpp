@@ -549,6 +549,10 @@ TEST_CASE("audit.real_code.lse_delivered_in_stored_dtype") {
     for (const FamilyFit& f : a.families)
       named = named || (f.family.find("(lse " + format_word(D) + ")") != std::string::npos);
     CHECK(named);
+    // Strict: a declared design that leaves lse out takes the delivered point; one that declares
+    // lse unrounded is held to it.
+    CHECK(audit(cf, outs, "q_latent=stored").pass());
+    CHECK_FALSE(audit(cf, outs, "q_latent=stored,lse=acc").pass());
     for (int64_t i = 0; i < lse.numel(); ++i)  // sequence 2 (90 tokens): lse + 2 % of |lse|
       if (i / (c.s_q * c.heads) == 2 && std::isfinite(lse[i])) lse[i] = round_to(D, lse[i] * 1.02);
     CHECK_FALSE(audit(cf, outs).pass());

@@ -197,10 +197,14 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   const Form form = parse_form(o.form);
   const std::vector<Candidate> inferred =
       o.design.empty() ? candidate_designs(c, form, delivered) : std::vector<Candidate>{};
-  const std::vector<Candidate> designs =
-      o.design.empty()
-          ? inferred
-          : std::vector<Candidate>{{"declared design", parse_design(o.design, c.profile, form)}};
+  std::vector<Candidate> designs = inferred;
+  if (!o.design.empty()) {  // strict; an lse point it leaves out is the delivered one (a fact)
+    Design d = parse_design(o.design, c.profile, form);
+    const std::string text = "," + o.design;
+    if (text.find(",lse=") == std::string::npos)
+      d.lse = delivered_lse_point(delivered, accumulate_dtype(c.profile));
+    designs = {{"declared design", d}};
+  }
   res.declared = o.design.empty() ? "" : to_string(designs[0].d);
   for (const Candidate& d : designs) res.designs.push_back(to_string(d.d));
   std::vector<std::string> names;

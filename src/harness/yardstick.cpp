@@ -144,6 +144,14 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
 
 }  // namespace
 
+DType delivered_lse_point(const Delivered& delivered, DType A) {
+  DType lse = DType::F64;
+  if (delivered.count("lse"))
+    for (DType f : delivered.at("lse"))
+      if (rounds_at(f, A) && (lse == DType::F64 || wider(lse, f))) lse = f;
+  return lse;
+}
+
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
                                          const Delivered& delivered) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
@@ -156,13 +164,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     }
     return out;
   };
-  // lse: the least accurate format the delivered values are consistent with (an lse no stage
-  // reads is a last rounding, so one point, not a family of its own): vLLM's Triton MLA delivers
-  // it in q's dtype.
-  DType lse = DType::F64;
-  if (delivered.count("lse"))
-    for (DType f : delivered.at("lse"))
-      if (rounds_at(f, A) && (lse == DType::F64 || wider(lse, f))) lse = f;
+  const DType lse = delivered_lse_point(delivered, A);  // one point, not a family of its own
   std::vector<Candidate> out;
   auto add = [&](const std::string& family, Design d) {
     d.lse = lse;

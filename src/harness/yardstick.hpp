@@ -25,6 +25,11 @@ using Delivered = std::map<std::string, std::vector<DType>>;
 // The formats of `x` (valid positions of `mask`) that the case's profile makes candidates.
 std::vector<DType> consistent_formats(const Tensor& x, const std::vector<bool>& mask, Profile p);
 
+// The delivered lse's rounding point: the least accurate format its values are consistent with
+// that is narrower than the accumulate type A (vLLM's Triton MLA returns lse in q's dtype); F64
+// (not rounded) otherwise, or when no lse is delivered. No stage reads it: one last rounding.
+DType delivered_lse_point(const Delivered& delivered, DType A);
+
 // A legitimate design and the family it belongs to, as a verdict names it ("PyTorch module",
 // "FlashMLA-style (bf16 P, exp2)", ...; proofs/budgets.md lists each with the code that does it).
 struct Candidate {
@@ -40,7 +45,7 @@ struct Candidate {
 // bracket every mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with
 // exp2, a PyTorch module storing every op's output, the scale folded into q, an approximate rsqrt,
 // and (fp8) the cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered
-// in bf16.
+// in bf16; lse at delivered_lse_point.
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 
 // Which run a sample is: its summation order (an index into the yardstick's orders; 0 is the
