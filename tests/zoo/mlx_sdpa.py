@@ -203,21 +203,20 @@ def _dot_lanes(q, k):
     return _simd_sum(acc)
 
 
-def _sdpa_vector(q, k, v, scale, fmask, bmask, D, bug):
-    """1-pass sdpa_vector. q [Hq,L,Dq] D, k [Hk,T,Dq] D, v [Hk,T,V] D, fmask [Hq,L,T] D or None,
-    bmask [L,T] bool or None. Returns [Hq,L,V] D."""
+def _lanes_online(q, k, v, scale, fmask, bmask, D, bug, width):
+    """The kernels' shared loop: `width` lanes (simdgroups or blocks), lane j taking keys j,
+    j + width, ..., each with its own running max m, sum s and fp32 accumulator o. q [Hq,L,Dq],
+    k [Hk,T,Dq], v [Hk,T,V] in D; returns m, s [Hq,L,width] and o [Hq,L,width,V]."""
     Hq, L, _ = q.shape
     Hk, T, V = v.shape
-    gqa = Hq // Hk
-    kv = np.arange(Hq) // gqa
+    kv = np.arange(Hq) // (Hq // Hk)
     qs = (F32(scale) * q.astype(F32)).astype(F32)                     # q[i] = scale * queries[i]
     kf, vf = k.astype(F32), v.astype(F32)
-    BN = 32
-    m = np.full((Hq, L, BN), np.finfo(F32).min, F32)                   # Limits<U>::finite_min
-    s = np.zeros((Hq, L, BN), F32)
-    o = np.zeros((Hq, L, BN, V), F32)
-    for it in range(0, T, BN):
-        idx = np.arange(it, min(it + BN, T))                           # key of simdgroup j = it + j
+    m = np.full((Hq, L, width), np.finfo(F32).min, F32)                # Limits<U>::finite_min
+    s = np.zeros((Hq, L, width), F32)
+    o = np.zeros((Hq, L, width, V), F32)
+    for it in range(0, T, width):
+        idx = np.arange(it, min(it + width, T))                        # key of lane j = it + j
         nj = len(idx)
         sc = _dot_lanes(qs[:, :, None, :], kf[kv][:, None, idx, :])    # [Hq,L,nj]
         use = np.ones((Hq, L, nj), bool)
@@ -239,6 +238,13 @@ def _sdpa_vector(q, k, v, scale, fmask, bmask, D, bug):
         m[:, :, :nj] = np.where(use, new_m, mo)
         s[:, :, :nj] = np.where(use, s_new, s[:, :, :nj])
         o[:, :, :nj] = np.where(use[..., None], o_new, o[:, :, :nj])
+    return m, s, o
+
+
+def _sdpa_vector(q, k, v, scale, fmask, bmask, D, bug):
+    """1-pass sdpa_vector. q [Hq,L,Dq] D, k [Hk,T,Dq] D, v [Hk,T,V] D, fmask [Hq,L,T] D or None,
+    bmask [L,T] bool or None. Returns [Hq,L,V] D."""
+    m, s, o = _lanes_online(q, k, v, scale, fmask, bmask, D, bug, 32)    # 32 simdgroups
     M = m.max(-1, keepdims=True)                                       # simd_max
     fac = _fexp(m - M)
     tot = _simd_sum(s * fac)                                           # [Hq,L]
@@ -253,36 +259,8 @@ def _sdpa_vector_2pass(q, k, v, scale, fmask, bmask, D, bug):
     Hq, L, _ = q.shape
     Hk, T, V = v.shape
     gqa = Hq // Hk
-    kv = np.arange(Hq) // gqa
     blocks = 64 if gqa * L >= 4 else 32
-    qs = (F32(scale) * q.astype(F32)).astype(F32)
-    kf, vf = k.astype(F32), v.astype(F32)
-    m = np.full((Hq, L, blocks), np.finfo(F32).min, F32)
-    s = np.zeros((Hq, L, blocks), F32)
-    o = np.zeros((Hq, L, blocks, V), F32)
-    for it in range(0, T, blocks):
-        idx = np.arange(it, min(it + blocks, T))
-        nj = len(idx)
-        sc = _dot_lanes(qs[:, :, None, :], kf[kv][:, None, idx, :])
-        use = np.ones((Hq, L, nj), bool)
-        if bmask is not None:
-            use &= bmask[None, :, idx]
-        if fmask is not None:
-            fm = fmask[:, :, idx]
-            use &= fm.astype(F32) >= F32(np.finfo(D).min)
-            sc = (sc + fm.astype(F32)).astype(F32)
-        mo = m[:, :, :nj]
-        new_m = np.maximum(mo, sc)
-        fac = _fexp(mo - new_m)
-        e = _fexp(sc - new_m)
-        s_new = (s[:, :, :nj] * fac + e).astype(F32)
-        if bug == "no_rescale":
-            o_new = (o[:, :, :nj] + e[..., None] * vf[kv][:, None, idx, :]).astype(F32)
-        else:
-            o_new = (o[:, :, :nj] * fac[..., None] + e[..., None] * vf[kv][:, None, idx, :]).astype(F32)
-        m[:, :, :nj] = np.where(use, new_m, mo)
-        s[:, :, :nj] = np.where(use, s_new, s[:, :, :nj])
-        o[:, :, :nj] = np.where(use[..., None], o_new, o[:, :, :nj])
+    m, s, o = _lanes_online(q, k, v, scale, fmask, bmask, D, bug, blocks)
     part = o.astype(D).astype(F32)                                     # out[i] = T(o[i]) unnormalized
     # pass 2: lanes hold blocks lane + 32 b; simdgroups walk blocks gid + 32 b
     nb = blocks // 32
