@@ -38,6 +38,7 @@ struct StructureCheck {
   std::string stat;
   double value = 0, yardstick = 0, ratio = 0;
   bool pass = true;
+  std::string note;  // what a reader needs beyond the numbers (ill_rows: how many, why)
 };
 
 struct TensorAudit {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/attention_math.hpp"
+#include "harness/logit_noise.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/kernel_level.hpp"
 #include "impl/profile_math.hpp"
@@ -316,9 +317,19 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
   std::map<std::string, std::vector<bool>> masks;
   for (const std::string& t : tensors) masks[t] = valid_mask(k, t);
   const std::vector<double> lse_floor = lse_abs_floor(k);
+  const DType A = accumulate_dtype(k.cfg.profile);
   for (size_t order = 0; order < yardstick_orders().size(); ++order) {
     OrderScope scope(yardstick_orders()[order]);
     const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
+    if (order == 0) {  // the noise levels first: their ill-conditioned rows leave the masks
+      std::map<size_t, std::vector<Outputs>> dithered;
+      for (size_t n = 0; n < plain.size(); ++n)
+        if (rounds_at(plain[n].score, A)) dithered[n] = outs[n];
+      const Changes ch = dithered_changes(
+          dithered, [&](size_t n) { return run_designs(k, {plain[n]}).front(); }, tensors);
+      mark_ill_rows(ch, truth, masks, y);
+      noise_levels(ch, truth, masks, lse_floor, y);
+    }
     for (size_t n = 0; n < outs.size(); ++n)
       for (size_t v = 0; v < outs[n].size(); ++v) {
         const Outputs& o = outs[n][v];
@@ -330,11 +341,11 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
           if (!ref || !o.tensors.count(t)) continue;
           const Tensor& x = o.tensors.at(t);
           s.rel_l2[t] = compare(x, *ref, x.dtype, masks[t]).rel_l2;
+          widen_ill_allowance(x, *ref, t, y);
           s.structure[t] =
               structure_of(x, *ref, masks[t], t == "lse" ? lse_floor : std::vector<double>{});
           if (t == "lse")
-            floor_one_token_noise(plain[n], accumulate_dtype(k.cfg.profile), *ref, masks[t],
-                                  lse_floor, s.structure[t]);
+            floor_one_token_noise(plain[n], A, *ref, masks[t], lse_floor, s.structure[t]);
         }
         y.samples.push_back(std::move(s));
       }
@@ -354,6 +365,14 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, c
   return measure_yardstick(k, c, truth, tensors);
 }
 
+std::vector<bool> Yardstick::mask(const std::string& t, std::vector<bool> valid) const {
+  if (!ill.count(t)) return valid;
+  const std::vector<bool>& bad = ill.at(t);
+  if (valid.empty()) valid.assign(bad.size(), true);
+  for (size_t i = 0; i < bad.size() && i < valid.size(); ++i) valid[i] = valid[i] && !bad[i];
+  return valid;
+}
+
 double Yardstick::rms(size_t n, const std::string& t, const SampleId* self) const {
   double sq = 0;
   int count = 0;
@@ -362,7 +381,11 @@ double Yardstick::rms(size_t n, const std::string& t, const SampleId* self) cons
     sq += s.rel_l2.at(t) * s.rel_l2.at(t);
     ++count;
   }
-  return count ? std::sqrt(sq / count) : std::nan("");
+  if (!count) return std::nan("");
+  double e = std::sqrt(sq / count);
+  for (const Noise& z : noise)
+    if (z.design == n && z.tensor == t) e = std::max(e, z.rel_l2);
+  return e;
 }
 
 double Yardstick::least_accurate(const std::string& t, size_t* which) const {
@@ -387,6 +410,11 @@ std::vector<double> Yardstick::seq_allowance(const std::string& t) const {
     for (size_t b = 0; b < st.seq_mean.size(); ++b)
       a[b] = std::max({a[b], st.seq_mean[b], st.seq_noise[b]});
   }
+  for (const Noise& z : noise) {
+    if (z.tensor != t) continue;
+    a.resize(std::max(a.size(), z.seq_mean.size()), 0.0);
+    for (size_t b = 0; b < z.seq_mean.size(); ++b) a[b] = std::max(a[b], z.seq_mean[b]);
+  }
   return a;
 }
 
@@ -404,6 +432,10 @@ double Yardstick::structure_max(const std::string& t, size_t stat) const {
     const double v = structure_values(s.structure.at(t))[stat];
     if (!std::isnan(v) && !(v <= worst)) worst = v;
   }
+  for (const Noise& z : noise)
+    if (z.tensor == t && stat < z.structure.size() && !std::isnan(z.structure[stat]) &&
+        !(z.structure[stat] <= worst))
+      worst = z.structure[stat];
   return worst;
 }
 

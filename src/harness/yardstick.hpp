@@ -67,6 +67,29 @@ struct Yardstick {
     std::map<std::string, Structure> structure;
   };
   std::vector<Sample> samples;
+  // A design that stores its logits in a narrow format (Design::score: a PyTorch module) rounds
+  // each one once for all of its samples, so they hold one draw of that rounding, however small
+  // by chance. Its noise level (harness/logit_noise.hpp): per tensor, the RMS over dithered draws
+  // of rel_l2, of each structure statistic and of lse's per-sequence means of the change a draw
+  // makes, measured as an error against the truth. rms(), structure_max() and seq_allowance()
+  // take the larger of the samples' value and this level, as bias_noise does for bias.
+  struct Noise {
+    size_t design = 0;
+    std::string tensor;
+    double rel_l2 = 0;
+    std::vector<double> structure;  // in structure_names() order; NaN where not measured
+    std::vector<double> seq_mean;   // lse: per entry of Structure::seq_mean (seq_allowance)
+  };
+  std::vector<Noise> noise;
+  // Per tensor (out, latent_out), the elements of ill-conditioned rows: rows whose noise level is
+  // far above the median row's (a near tie of two stored logits). Every statistic, sample and
+  // noise level is measured without them (`mask()`), and each such row is judged on its own
+  // against ill_allowance: per row (0 elsewhere), the larger of its noise level and its largest
+  // rel_l2 over the samples.
+  std::map<std::string, std::vector<bool>> ill;
+  std::map<std::string, std::vector<double>> ill_allowance;
+  // `valid` without tensor t's ill-conditioned rows.
+  std::vector<bool> mask(const std::string& t, std::vector<bool> valid) const;
   // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: seven
   // orders (forward, reversed, 2 and 8 lanes, split-KV into 2, 3 and 4 chunks combined by their
   // lse) x, for the absorbed form, the exact-arithmetic variants that round different values at the
@@ -75,17 +98,18 @@ struct Yardstick {
   std::map<std::string, std::string> design_of;  // which design made it
 
   // RMS of rel_l2 of tensor t over design n's samples, leaving out the run `self` (null: none;
-  // the gate's cpu.* row is the forward-order run of its own design and variant); NaN when no
-  // sample remains. A sample whose bits merely equal the judged tensor's is a correct run and
-  // stays: a correctly rounded output is bit-identical to several samples.
+  // the gate's cpu.* row is the forward-order run of its own design and variant), at least design
+  // n's stored-logit noise level; NaN when no sample remains. A sample whose bits merely equal the
+  // judged tensor's is a correct run and stays: a correctly rounded output is bit-identical to
+  // several samples.
   double rms(size_t n, const std::string& t, const SampleId* self = nullptr) const;
   // max over designs of rms(n, t); `which` receives the design (NaN, npos: none).
   double least_accurate(const std::string& t, size_t* which = nullptr) const;
-  // max over every sample of structure statistic `stat` (an index into structure_names()); NaN
-  // when none.
+  // max over every sample of structure statistic `stat` (an index into structure_names()), and
+  // over every stored-logit noise level; NaN when none.
   double structure_max(const std::string& t, size_t stat) const;
   // lse's seq_shift allowance per sequence: max over every sample of max(seq_mean, seq_noise)
-  // (metrics/structure.hpp); empty when no sample has them.
+  // (metrics/structure.hpp) and over the stored-logit noise levels; empty when no sample has them.
   std::vector<double> seq_allowance(const std::string& t) const;
   // max over every sample of a noise level (Structure::bias_noise or row_bias_noise); 0 when none.
   double noise_max(const std::string& t, double Structure::*noise) const;

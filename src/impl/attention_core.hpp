@@ -14,7 +14,9 @@
 
 #include "core/attention_math.hpp"
 #include "core/design.hpp"
+#include "core/dtype.hpp"
 #include "core/perturbation.hpp"
+#include "core/rng.hpp"
 #include "impl/profile_math.hpp"
 
 namespace qkmla::impl {
@@ -43,6 +45,33 @@ struct RowRounding {
     return r;
   }
 };
+
+// Another rounding draw of a stored logit (harness/logit_noise.cpp): while `draw` >= 0, each logit
+// a design stores (RowRounding::score) moves by ulp/sqrt(6) of its stored value times a standard
+// normal draw from `rng`: the variance of two independent roundings to that format
+// (transformers' eager module stores q.k^T, then the scaled logit), an independent draw of what
+// the design's own roundings, shared by all of its samples, happened to make. Normal, not random
+// signs: two tied tokens' +-1 signs cancel half the time. Per thread.
+struct LogitDither {
+  int draw = -1;
+  Rng rng{1};
+};
+inline LogitDither& logit_dither() {
+  thread_local LogitDither d;
+  return d;
+}
+
+// A logit as a design stores it: rounded to `f`, then dithered while a draw is on.
+template <class Acc>
+Acc stored_logit(DType f, Acc l) {
+  Acc s = store(f, l);
+  if constexpr (std::is_floating_point_v<Acc>) {
+    LogitDither& d = logit_dither();
+    if (d.draw >= 0 && std::isfinite(double(s)))
+      s += Acc(ulp_in(f, double(s)) / std::sqrt(6.0) * d.rng.normal());
+  }
+  return s;
+}
 
 // One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
 // `acc` [width] receives sum_t p_t value_t, rounding where `rr` says. Returns lse (-inf, acc all
@@ -99,7 +128,7 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
       return attend_split(tokens, logit, value, width, acc, rr, sum_order().splits);
   std::vector<Acc> p;
   p.reserve(tokens.size());
-  for (int64_t t : tokens) p.push_back(rr.score ? store(*rr.score, logit(t)) : logit(t));
+  for (int64_t t : tokens) p.push_back(rr.score ? stored_logit(*rr.score, logit(t)) : logit(t));
   Acc lse, sum = 1;
   if constexpr (std::is_floating_point_v<Acc>) {
     if (rr.p && !rr.p_normalized) {  // a kernel's tile: exp(l - m) stored, divided by the sum last

@@ -71,7 +71,8 @@ std::string audit_text(const AuditResult& r, bool md) {
       text += "  without the declaration:\n" + family_lines(r.undeclared.at(j.tensor), "    ");
     for (const StructureCheck& s : a.structure)
       text += fmt::format("  {} {:.3g}: {:.3g}x the correct implementations' largest ({:.3g}){}\n",
-                          s.stat, s.value, s.ratio, s.yardstick, s.pass ? "" : "  FAIL");
+                          s.stat, s.value, s.ratio, s.yardstick, s.pass ? "" : "  FAIL") +
+              (s.note.empty() ? "" : "    (" + s.note + ")\n");
     for (const Worst& w : a.worst)
       text +=
           fmt::format("  worst {} value {:.9g} ref {:.9g}\n", index_str(w.index), w.value, w.ref);
@@ -146,12 +147,14 @@ std::string audit_json(const AuditResult& r) {
     };
     t["designs"] = fits(a.families);
     if (r.undeclared.count(x.tensor)) t["without_declaration"] = fits(r.undeclared.at(x.tensor));
-    for (const StructureCheck& s : a.structure)
+    for (const StructureCheck& s : a.structure) {
       t["structure"].push_back({{"stat", s.stat},
                                 {"value", finite_or_null(s.value)},
                                 {"yardstick", finite_or_null(s.yardstick)},
                                 {"ratio", finite_or_null(s.ratio)},
                                 {"pass", s.pass}});
+      if (!s.note.empty()) t["structure"].back()["note"] = s.note;
+    }
     for (const Worst& w : a.worst)
       t["worst"].push_back({{"index", w.index}, {"value", w.value}, {"ref", w.ref}});
     for (const auto& [h, v] : a.per_head) t["per_head"].push_back({{"head", h}, {"rel_l2", v}});

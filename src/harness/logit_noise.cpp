@@ -1,0 +1,165 @@
+#include "harness/logit_noise.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "impl/attention_core.hpp"
+#include "metrics/structure.hpp"
+
+namespace qkmla {
+
+namespace {
+
+// Dithered draws per stored-logit design. A near tie's row error is one normal value (one
+// degree of freedom): an independent draw exceeds 4x its RMS over 8 draws with probability 0.4 %
+// (Student's t, 8 dof), over 4 draws 1.6 %. Each draw costs one more run of the design.
+constexpr int kDraws = 8;
+// A row whose noise level is this many times the median row's is ill-conditioned (a near tie of
+// two stored logits: zoo 100326's row was 10 % off, the rest of its rows ~0.1 %).
+constexpr double kIllRow = 10;
+
+// A dithered draw on this thread while in scope (impl/attention_core.hpp LogitDither).
+struct DitherScope {
+  explicit DitherScope(int draw) {
+    impl::logit_dither().draw = draw;
+    impl::logit_dither().rng = Rng(uint64_t(draw) + 1);
+  }
+  ~DitherScope() { impl::logit_dither().draw = -1; }
+};
+
+}  // namespace
+
+Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
+                         const std::function<std::vector<Outputs>(size_t)>& rerun,
+                         const std::vector<std::string>& tensors) {
+  Changes ch;
+  for (const auto& [n, outs0] : base)
+    for (int draw = 0; draw < kDraws; ++draw) {
+      DitherScope scope(draw);
+      const std::vector<Outputs> outs = rerun(n);
+      for (size_t v = 0; v < outs.size() && v < outs0.size(); ++v)
+        for (const std::string& t : tensors) {
+          if (!outs[v].tensors.count(t) || !outs0[v].tensors.count(t)) continue;
+          Tensor d = outs[v].tensors.at(t);  // [as t]
+          const Tensor& x0 = outs0[v].tensors.at(t);
+          for (int64_t i = 0; i < d.numel(); ++i) d[i] -= x0[i];
+          ch[n][t].push_back(std::move(d));
+        }
+    }
+  return ch;
+}
+
+void mark_ill_rows(const Changes& ch, const TruthOf& truth,
+                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y) {
+  std::map<std::string, std::vector<double>> level;  // per tensor, per row
+  for (const auto& [n, per_t] : ch)
+    for (const auto& [t, ds] : per_t) {
+      const Tensor* ref = truth(t);
+      if (!ref || ref->shape.size() != 4 || ref->shape[3] == 0) continue;
+      const int64_t w = ref->shape[3], rows = ref->numel() / w;
+      std::vector<double> sq(size_t(rows), 0.0), yy(size_t(rows), 0.0);
+      for (const Tensor& d : ds)
+        for (int64_t i = 0; i < d.numel(); ++i)
+          if ((masks[t].empty() || masks[t][size_t(i)]) && std::isfinite(d[i]) &&
+              std::isfinite((*ref)[i]))
+            sq[size_t(i / w)] += d[i] * d[i], yy[size_t(i / w)] += (*ref)[i] * (*ref)[i];
+      std::vector<double>& l = level[t];  // NaN: a row with no reference to measure against
+      l.resize(size_t(rows), std::nan(""));
+      for (int64_t r = 0; r < rows; ++r)
+        if (yy[size_t(r)] > 0) {
+          const double v = std::sqrt(sq[size_t(r)] / yy[size_t(r)]);
+          l[size_t(r)] = std::isnan(l[size_t(r)]) ? v : std::max(l[size_t(r)], v);
+        }
+    }
+  for (auto& [t, l] : level) {
+    std::vector<double> live;
+    for (double v : l)
+      if (!std::isnan(v)) live.push_back(v);  // a row the draws leave unchanged counts: 0
+    if (live.empty()) continue;
+    std::nth_element(live.begin(), live.begin() + std::ptrdiff_t(live.size() / 2), live.end());
+    const double median = live[live.size() / 2];
+    const int64_t w = truth(t)->shape[3];
+    std::vector<bool> ill(size_t(truth(t)->numel()), false);
+    bool any = false;
+    for (size_t r = 0; r < l.size(); ++r) {
+      if (std::isnan(l[r]) || !(l[r] > kIllRow * median)) {
+        l[r] = 0;
+        continue;
+      }
+      any = true;
+      for (int64_t i = int64_t(r) * w; i < int64_t(r + 1) * w; ++i) {
+        ill[size_t(i)] = true;
+        if (!masks[t].empty()) masks[t][size_t(i)] = false;
+      }
+    }
+    if (!any) continue;
+    if (masks[t].empty()) {
+      masks[t].assign(ill.size(), true);
+      for (size_t i = 0; i < ill.size(); ++i) masks[t][i] = !ill[i];
+    }
+    y.ill[t] = std::move(ill);
+    y.ill_allowance[t] = std::move(l);
+  }
+}
+
+void noise_levels(const Changes& ch, const TruthOf& truth,
+                  std::map<std::string, std::vector<bool>>& masks,
+                  const std::vector<double>& lse_floor, Yardstick& y) {
+  for (const auto& [n, per_t] : ch)
+    for (const auto& [t, ds] : per_t) {
+      const Tensor* ref = truth(t);
+      if (!ref || ds.empty()) continue;
+      Yardstick::Noise a;
+      a.design = n, a.tensor = t;
+      for (const Tensor& d : ds) {
+        Tensor z = *ref;  // [as ref]: the truth moved by the draw's change
+        long double dd = 0, yy = 0;
+        for (int64_t i = 0; i < z.numel(); ++i) {
+          if ((!masks[t].empty() && !masks[t][size_t(i)]) || !std::isfinite(d[i]) ||
+              !std::isfinite(z[i]))
+            continue;
+          dd += (long double)d[i] * d[i], yy += (long double)z[i] * z[i];
+          z[i] += d[i];
+        }
+        const Structure z_st =
+            structure_of(z, *ref, masks[t], t == "lse" ? lse_floor : std::vector<double>{});
+        const std::vector<double> st = structure_values(z_st);
+        a.structure.resize(st.size(), 0.0);
+        a.seq_mean.resize(z_st.seq_mean.size(), 0.0);
+        a.rel_l2 += yy > 0 ? double(dd / yy) : 0.0;
+        for (size_t i = 0; i < st.size(); ++i) {
+          // a projection at its draw's noise level as well: one draw of a sum over a few rows
+          // is a 1-dof value, whose RMS over eight draws is below half its level one time in 50
+          const std::string& name = structure_names()[i];
+          const double v = name == "bias"       ? std::max(st[i], z_st.bias_noise)
+                           : name == "row_bias" ? std::max(st[i], z_st.row_bias_noise)
+                                                : st[i];
+          a.structure[i] += v * v;
+        }
+        for (size_t b = 0; b < a.seq_mean.size(); ++b)
+          a.seq_mean[b] += z_st.seq_mean[b] * z_st.seq_mean[b];
+      }
+      const double count = double(ds.size());
+      a.rel_l2 = std::sqrt(a.rel_l2 / count);
+      for (double& x : a.structure) x = std::sqrt(x / count);
+      for (double& x : a.seq_mean) x = std::sqrt(x / count);
+      y.noise.push_back(a);
+    }
+}
+
+void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& t, Yardstick& y) {
+  if (!y.ill.count(t)) return;
+  std::vector<double>& a = y.ill_allowance[t];
+  const int64_t w = ref.shape[3];
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (!y.ill[t][r * size_t(w)]) continue;
+    long double dd = 0, yy = 0;
+    for (int64_t i = int64_t(r) * w; i < int64_t(r + 1) * w; ++i)
+      if (std::isfinite(x[i]) && std::isfinite(ref[i]))
+        dd += (long double)(x[i] - ref[i]) * (x[i] - ref[i]), yy += (long double)ref[i] * ref[i];
+    if (yy > 0) a[r] = std::max(a[r], double(std::sqrt(dd / yy)));
+  }
+}
+
+}  // namespace qkmla

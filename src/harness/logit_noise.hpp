@@ -1,0 +1,45 @@
+// A stored-logit design's noise level (conventions §5 "Judging", item 5): a design that stores its
+// logits in a narrow format (a PyTorch module's fp16 or bf16 scores) rounds each logit once for
+// all of its samples, however small that draw happened to be, and a near tie of two large logits
+// moves a row's output by percent with it (zoo seeds 100326, 100402). The design is run again with
+// its stored logits dithered (impl/attention_core.hpp LogitDither); what the draws change gives
+// its noise level (Yardstick::noise) and the rows it makes ill-conditioned (Yardstick::ill).
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/outputs.hpp"
+#include "core/tensor.hpp"
+#include "harness/yardstick.hpp"
+
+namespace qkmla {
+
+// Per design and tensor, what each dithered draw changes: x_draw - x_base, draw by draw and
+// variant by variant.
+using Changes = std::map<size_t, std::map<std::string, std::vector<Tensor>>>;
+
+// `base[n]`: design n's forward-order outputs, one per variant; `rerun(n)` runs design n again
+// (every variant, forward order) while a dithered draw is on.
+Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
+                         const std::function<std::vector<Outputs>(size_t)>& rerun,
+                         const std::vector<std::string>& tensors);
+
+// Rows of out and latent_out ([B, S_q, H, w]) whose noise level (RMS over a design's draws of the
+// row's |d| / |y|, the largest over designs) exceeds ten times the median row's (a row the draws
+// leave unchanged counts, as 0): they leave `masks` (every statistic and sample is then measured
+// without them) and go to y.ill, their noise levels to y.ill_allowance.
+void mark_ill_rows(const Changes& ch, const TruthOf& truth,
+                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y);
+
+// Yardstick::Noise from the draws' changes: each change d measured as the error ref + d against
+// ref over `masks`, statistic by statistic, and the RMS over draws and variants.
+void noise_levels(const Changes& ch, const TruthOf& truth,
+                  std::map<std::string, std::vector<bool>>& masks,
+                  const std::vector<double>& lse_floor, Yardstick& y);
+
+// y.ill_allowance of tensor t widened to sample x's rel_l2 on each ill-conditioned row.
+void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& t, Yardstick& y);
+
+}  // namespace qkmla
