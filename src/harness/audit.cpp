@@ -152,8 +152,11 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
   return out;
 }
 
-// The ill-conditioned rows of t (Yardstick::ill), each against its own allowance: the worst
-// row's rel_l2 over max(allowance, floor).
+// The ill-conditioned rows of t (Yardstick::ill): the worst one's rel_l2 against the largest of
+// their allowances (noise level, samples' error on the row) and of the samples' worst row over the
+// other rows, as worst_row compares the worst with the worst. Each row against its own allowance
+// alone failed a correct module whose bf16 chain the logit draws do not model (zoo seed 101373,
+// transformers' eager module: 2.3 % on a row whose noise level was 0.23 %).
 StructureCheck ill_rows_check(const Yardstick& ys, const std::string& t, const Tensor& x,
                               const Tensor& y, const std::vector<bool>& valid, double floor,
                               double k) {
@@ -162,6 +165,10 @@ StructureCheck ill_rows_check(const Yardstick& ys, const std::string& t, const T
   const std::vector<bool>& ill = ys.ill.at(t);
   const std::vector<double>& allow = ys.ill_allowance.at(t);
   const int64_t w = y.shape[3];
+  const size_t worst_row = 0;  // structure_names()[0]
+  double a = std::max(floor, ys.structure_max(t, worst_row));
+  for (size_t r = 0; r < allow.size(); ++r)
+    if (ill[r * size_t(w)]) a = std::max(a, allow[r]);
   for (size_t r = 0; r < allow.size(); ++r) {
     if (!ill[r * size_t(w)]) continue;
     long double dd = 0, yy = 0;
@@ -172,13 +179,13 @@ StructureCheck ill_rows_check(const Yardstick& ys, const std::string& t, const T
     }
     if (!(yy > 0)) continue;
     ++rows;
-    const double e = double(std::sqrt(dd / yy)), a = std::max(allow[r], floor);
+    const double e = double(std::sqrt(dd / yy));
     if (!(e / a <= c.ratio)) c.value = e, c.yardstick = a, c.ratio = e / a;
   }
   c.pass = c.ratio <= k;
   c.note = fmt::format(
       "{} ill-conditioned row(s), left out of every figure above: a stored logit's rounding moves "
-      "each by over 10x the median row; each judged against its own noise level",
+      "each by over 10x the median row; judged against their noise levels",
       rows);
   return c;
 }
