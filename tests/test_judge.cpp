@@ -6,9 +6,11 @@
 #include <set>
 
 #include "core/design.hpp"
+#include "core/presets.hpp"
 #include "harness/truth.hpp"
 #include "harness/yardstick.hpp"
 #include "helpers.hpp"
+#include "impl/cpu_impls.hpp"
 
 using namespace qkmla;
 
@@ -170,4 +172,54 @@ TEST_CASE("judge.yardstick.samples_the_cached_rope_key_rounding_point") {
   c.norm = NormMode::Blockwise;
   CHECK_FALSE(has_point(candidate_designs(c, Form::Explicit, {{"out", {DType::F16}}})));
   CHECK_FALSE(has_point(candidate_designs(c, Form::Absorbed, {{"out", {DType::F16}}})));
+}
+
+// Zoo sweep seed 101537 (fitted): mlx-lm's S_q > 1 branch is the explicit form, and an audit that
+// read an undeclared form as absorbed failed it (worst_row 5.45x). Undeclared, both forms are
+// candidates where the explicit samples are affordable; a declaration, or a delivered latent_out
+// (formed by the absorbed form only), decides it, and a case too large says so.
+TEST_CASE("judge.audit_forms.undeclared_takes_both_where_affordable") {
+  MlaConfig c = test::tiny_config(Profile::BF16, {0, 9}, 2);
+  const Delivered out = {{"out", {DType::BF16}}};
+  std::string note;
+  const std::vector<Form> both = {Form::Absorbed, Form::Explicit};
+  CHECK(audit_forms(c, "", out, &note) == both);
+  CHECK(note.empty());
+  CHECK(audit_forms(c, "explicit", out, &note) == std::vector<Form>{Form::Explicit});
+  CHECK(audit_forms(c, "absorbed", out, &note) == std::vector<Form>{Form::Absorbed});
+  Delivered with_latent = out;
+  with_latent["latent_out"] = {DType::BF16};
+  CHECK(audit_forms(c, "", with_latent, &note) == std::vector<Form>{Form::Absorbed});
+  int explicit_designs = 0, prefixed = 0;
+  for (const Candidate& x : candidate_designs(c, both, out)) {
+    explicit_designs += x.d.form == Form::Explicit;
+    prefixed += x.family.rfind("explicit form: ", 0) == 0;
+  }
+  CHECK(explicit_designs > 0);
+  CHECK(prefixed == explicit_designs);
+  const MlaConfig large = config_for(find_preset("paper-g8"), 4096);
+  CHECK(audit_forms(large, "", out, &note) == std::vector<Form>{Form::Absorbed});
+  CHECK(note.find("--form explicit") != std::string::npos);
+}
+
+// MLX's `mx.scalar(scale) * q` and JAX's weak typing store the softmax scale in the array's dtype
+// before it multiplies (design sigma): a temperature change on every logit. The point must reach
+// the arithmetic where sigma is not representable, and be a no-op where it is.
+TEST_CASE("judge.design.stored_softmax_scale") {
+  const Design d = parse_design("scale_in_q=yes,sigma=bf16", Profile::BF16, Form::Absorbed);
+  CHECK(d.sigma == DType::BF16);
+  CHECK(parse_design(to_string(d), Profile::BF16, Form::Absorbed) == d);
+  CHECK(parse_design("sigma=fp32", Profile::FP32, Form::Absorbed).sigma == DType::F64);
+  MlaConfig c = test::tiny_config(Profile::BF16, {0, 17, 40}, 2, NormMode::Blockwise, 101537);
+  Design plain = d;
+  plain.sigma = DType::F64;
+  for (double sigma : {0.07202, 0.25}) {
+    c.softmax_scale = sigma;
+    const Case k = generate_case(c);
+    const auto runs =
+        impl::cpu_absorbed(k, {{Variant::Default, {}, d}, {Variant::Default, {}, plain}});
+    const bool same = runs[0].tensors.at("lse").data == runs[1].tensors.at("lse").data;
+    CAPTURE(sigma);
+    CHECK(same == (round_to(DType::BF16, sigma) == sigma));
+  }
 }

@@ -168,7 +168,7 @@ class Verdict:
 
 
 def audit(case, out=None, lse=None, latent_out=None, alpha_k=None, q_latent=None, alpha_q=None,
-          label="third_party", lse_base="e", empty_lse=None, form="absorbed", design=None,
+          label="third_party", lse_base="e", empty_lse=None, form="", design=None,
           diagnose=True, layout=None, softmax_lse=None, o=None):
     """Judges the given outputs against `case` (a Case or a path), as `qkmla audit` does. With
     `layout="flashmla"` give FlashMLA's `out` and `softmax_lse` ([B, H, S_q], +inf for empty

@@ -60,8 +60,8 @@ struct AuditOptions {
   std::string label = "third_party";
   std::string lse_base = "e";      // "e" or "2"
   std::string empty_lse = "-inf";  // "-inf", "+inf" or "nan": the outputs' empty-row lse
-  std::string form = "absorbed";   // "absorbed" or "explicit"
-  std::string design;              // e.g. "q_latent=bf16,p=bf16,out=bf16" ("" = inferred)
+  std::string form;    // "absorbed", "explicit", or "" (undeclared: both where affordable)
+  std::string design;  // e.g. "q_latent=bf16,p=bf16,out=bf16" ("" = inferred)
   bool diagnose = true;
   std::string layout = "dense";  // the outputs as "flashmla" or "flashinfer" returns them
 };

@@ -49,15 +49,16 @@ Runner add_audit(CLI::App& app, const std::string&) {
       ->check(CLI::IsMember({"dense", "flashmla", "flashinfer"}))
       ->capture_default_str();
   cmd->add_option("--form", f->o.form,
-                  "the audited implementation's form: absorbed or explicit (picks the yardstick)")
-      ->check(CLI::IsMember({"absorbed", "explicit"}))
-      ->capture_default_str();
-  cmd->add_option("--design", f->o.design,
-                  "the rounding points of the audited design, e.g. "
-                  "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
-                  "the gains are merged into w_uk offline; also score, cache, lse, scale_in_q=yes, "
-                  "exp2=yes, rsqrt=approx. Strict: judged against this design only (default: "
-                  "every legitimate design consistent with what was delivered)");
+                  "the audited implementation's form: absorbed or explicit (picks the yardstick; "
+                  "default: both, where the explicit samples are affordable)")
+      ->check(CLI::IsMember({"absorbed", "explicit"}));
+  cmd->add_option(
+      "--design", f->o.design,
+      "the rounding points of the audited design, e.g. "
+      "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
+      "the gains are merged into w_uk offline; also score, cache, lse, sigma, scale_in_q=yes, "
+      "exp2=yes, rsqrt=approx. Strict: judged against this design only (default: "
+      "every legitimate design consistent with what was delivered)");
   cmd->add_flag("!--no-diagnose", f->o.diagnose,
                 "on FAIL, do not evaluate the reference under alternative conventions (faster)");
   cmd->add_option("--budgets", f->budgets, "budget overrides (TOML: baseline_k, [[budget]])")
@@ -74,7 +75,8 @@ Runner add_audit(CLI::App& app, const std::string&) {
     if (f->o.design.empty() && !f->o.rule.design.empty()) {  // the file's [design] table
       f->o.design = f->o.rule.design;
       try {
-        parse_design(f->o.design, cf.k.cfg.profile, parse_form(f->o.form));
+        parse_design(f->o.design, cf.k.cfg.profile,
+                     f->o.form.empty() ? Form::Absorbed : parse_form(f->o.form));
       } catch (const ConfigError& e) {
         throw InputError(f->budgets, "design", e.what());
       }

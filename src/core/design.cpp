@@ -103,12 +103,14 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       d.*option = v == "yes" || v == "approx";
       continue;
     }
-    if (k == "score" || k == "cache" || k == "alpha_q" || k == "eager" || k == "lse") {
+    if (k == "score" || k == "cache" || k == "alpha_q" || k == "eager" || k == "lse" ||
+        k == "sigma") {
       const DType x = parse_dtype_word(k, v, p);  // F64: not rounded
       DType& point = k == "score"   ? d.score
                      : k == "cache" ? d.cache
                      : k == "eager" ? d.eager
                      : k == "lse"   ? d.lse
+                     : k == "sigma" ? d.sigma
                                     : d.alpha_q;
       point = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
       continue;
@@ -126,7 +128,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       throw ConfigError(
           "design." + k,
           "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
-          "latent_out, out, score, cache, eager, lse, gains, scale_in_q, exp2, rsqrt)");
+          "latent_out, out, score, cache, eager, lse, sigma, gains, scale_in_q, exp2, rsqrt)");
     d.*point = parse_dtype_word(k, v, p);
   }
   return d;
@@ -145,6 +147,7 @@ std::string to_string(const Design& d) {
   if (d.cache != DType::F64) s += ",cache=" + format_word(d.cache);
   if (d.eager != DType::F64) s += ",eager=" + format_word(d.eager);
   if (d.lse != DType::F64) s += ",lse=" + format_word(d.lse);
+  if (d.sigma != DType::F64) s += ",sigma=" + format_word(d.sigma);
   if (d.scale_in_q) s += ",scale_in_q=yes";
   if (d.exp2) s += ",exp2=yes";
   if (d.approx_rsqrt) s += ",rsqrt=approx";

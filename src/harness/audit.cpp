@@ -233,12 +233,14 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                          primary[0] + " and/or lse)");
   // The yardstick: correct implementations of the declared design, or of every legitimate design
   // consistent with the form and what was delivered, on this very case.
-  const Form form = parse_form(o.form);
+  const std::vector<Form> forms = audit_forms(c, o.form, delivered, &res.forms_note);
+  for (Form f : forms) res.forms.push_back(form_name(f));
   const std::vector<Candidate> inferred =
-      o.design.empty() ? candidate_designs(c, form, delivered) : std::vector<Candidate>{};
+      o.design.empty() ? candidate_designs(c, forms, delivered) : std::vector<Candidate>{};
   std::vector<Candidate> designs = inferred;
   if (!o.design.empty()) {  // strict; an lse point it leaves out is the delivered one (a fact)
-    Design d = parse_design(o.design, c.profile, form);
+    Design d =
+        parse_design(o.design, c.profile, o.form.empty() ? Form::Absorbed : parse_form(o.form));
     const std::string text = "," + o.design;
     if (text.find(",lse=") == std::string::npos)
       d.lse = delivered_lse_point(delivered, accumulate_dtype(c.profile));
@@ -308,7 +310,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   }
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
     const Yardstick all =
-        measure_yardstick(cf.k, candidate_designs(c, form, delivered), ref, names);
+        measure_yardstick(cf.k, candidate_designs(c, forms, delivered), ref, names);
     for (const TensorAudit& a : res.tensors)
       if (!a.j.v.pass && is_primary(c, a.j.tensor))
         res.undeclared[a.j.tensor] =

@@ -16,9 +16,11 @@ struct AuditOptions {
   std::string label = "third_party";
   std::string lse_base = "e";      // "e" or "2"
   std::string empty_lse = "-inf";  // what the outputs hold for rows with no visible key
-  std::string form = "absorbed";   // the judged implementation's form: absorbed or explicit
-  std::string design;              // a declared design (core/design.hpp syntax), or "" to infer
-  bool diagnose = true;            // on FAIL, try the conventions of harness/diagnose.hpp
+  // the judged implementation's form: absorbed or explicit; "" (undeclared): both where affordable
+  // (harness/yardstick.hpp audit_forms)
+  std::string form;
+  std::string design;    // a declared design (core/design.hpp syntax), or "" to infer
+  bool diagnose = true;  // on FAIL, try the conventions of harness/diagnose.hpp
   GateRule rule;
 };
 
@@ -62,6 +64,8 @@ struct AuditResult {
   std::vector<std::string> ignored;  // given tensors the case has no reference for
   std::vector<std::string> designs;  // the design(s) the yardstick ran: declared, or inferred
   std::string declared;              // the declared design ("" when inferred)
+  std::vector<std::string> forms;    // the forms the candidates took (absorbed, explicit)
+  std::string forms_note;            // why a form was left out, where one was
   // With a declared design that failed: how the undeclared candidates fit each failed tensor.
   std::map<std::string, std::vector<FamilyFit>> undeclared;
   std::string nothing_judged;    // non-empty: no primary output was judged (never a PASS)

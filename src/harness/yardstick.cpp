@@ -1,5 +1,7 @@
 #include "harness/yardstick.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -54,6 +56,18 @@ double gram_cost(const MlaConfig& c) {
   return c.groups * r2 * (tokens + c.d_c);
 }
 constexpr double kGramBudget = 2e10;
+
+// The multiply-adds of one explicit-form sample's keys and values (r (d_c + d_v) per token and
+// group) and the most an undeclared audit spends on each: 2.5e8 (~250 tokens of paper-g8), so
+// that the explicit candidates' ~24 runs (orders, dithered draws) stay within a few seconds at the
+// explicit CPU implementation's ~0.6 ns a multiply-add (a paper-g8 bf16 audit at 4096 tokens, 4.3e9
+// a sample: 77 s declared explicit, 13 s absorbed).
+double explicit_cost(const MlaConfig& c) {
+  double tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  return tokens * c.groups * double(c.latent_rank) * (c.d_c + c.d_v);
+}
+constexpr double kExplicitBudget = 2.5e8;
 
 }  // namespace
 
@@ -115,6 +129,11 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     if (is_fp8(c.profile)) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
     with_sink_in_p("PyTorch module (every op stored)", torch);
+    // Not a candidate: an MLX or JAX module whose Python float scale is cast to the stored dtype
+    // first (design sigma=bf16). Its temperature change is a scale bug's signature: as a family
+    // it let a one-head bug's bias (6.3x) and a one-sequence lse shift (zoo seed 50000, 16x every
+    // correct style's) pass, while mlx_sdpa's one large-logits sweep false alarm on 101500-101699
+    // (101537) came from its form, not its scale. A module that stores its scale declares it.
   }
   if (base.form != Form::Kernel) {  // a kernel's q_latent is given stored: folding sigma in
     Design folded = base;           // there would round it twice, which no listed design does
@@ -153,6 +172,33 @@ DType delivered_lse_point(const Delivered& delivered, DType A) {
   return lse;
 }
 
+std::vector<Form> audit_forms(const MlaConfig& c, const std::string& declared,
+                              const Delivered& delivered, std::string* note) {
+  if (!declared.empty()) return {parse_form(declared)};
+  if (c.level == Level::Kernel || delivered.count("latent_out")) return {Form::Absorbed};
+  if (explicit_cost(c) > kExplicitBudget) {
+    if (note)
+      *note = fmt::format(
+          "explicit-form designs not sampled ({:.3g} multiply-adds a sample, over {:.3g}): an "
+          "explicit implementation declares --form explicit",
+          explicit_cost(c), kExplicitBudget);
+    return {Form::Absorbed};
+  }
+  return {Form::Absorbed, Form::Explicit};
+}
+
+std::vector<Candidate> candidate_designs(const MlaConfig& c, const std::vector<Form>& forms,
+                                         const Delivered& delivered) {
+  std::vector<Candidate> out;
+  for (Form f : forms)
+    for (Candidate& x : candidate_designs(c, f, delivered)) {
+      if (forms.size() > 1 && f == Form::Explicit) x.family = "explicit form: " + x.family;
+      if (std::none_of(out.begin(), out.end(), [&](const Candidate& y) { return y.d == x.d; }))
+        out.push_back(std::move(x));
+    }
+  return out;
+}
+
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
                                          const Delivered& delivered) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
@@ -173,6 +219,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     if (!rounds_at(d.alpha_q, A)) d.alpha_q = DType::F64;
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;
     if (!rounds_at(d.eager, A)) d.eager = DType::F64;
+    if (!rounds_at(d.sigma, A)) d.sigma = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
       if (x.d == d) return;

@@ -47,6 +47,19 @@ struct Candidate {
 // and (fp8) the cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered
 // in bf16; lse at delivered_lse_point.
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
+// The same over several forms (audit_forms), an explicit family's name prefixed "explicit form: "
+// where both forms are candidates.
+std::vector<Candidate> candidate_designs(const MlaConfig& c, const std::vector<Form>& forms,
+                                         const Delivered& delivered);
+
+// The forms an audit's candidates take. Declared (`--form`, non-empty `declared`): that one. Else
+// both forms at module level, since explicit and absorbed code are equally legitimate and a file
+// does not say which it came from (zoo sweep seed 101537: mlx-lm's S_q > 1 branch is explicit and
+// failed as absorbed at 5.45x), except where latent_out is delivered (only the absorbed form forms
+// it) or where the explicit samples cost over explicit_budget() multiply-adds each: `note` then
+// says the explicit form was not sampled and how to declare it.
+std::vector<Form> audit_forms(const MlaConfig& c, const std::string& declared,
+                              const Delivered& delivered, std::string* note);
 
 // Which run a sample is: its summation order (an index into the yardstick's orders; 0 is the
 // forward order every registered cpu.* implementation runs) and its exact-arithmetic variant.

@@ -230,7 +230,7 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
   if (carries && unified)
     for (Acc& x : q.rope) x *= q.alpha_q;
   if (d.scale_in_q) {  // sigma enters the query before it is stored (design_scale is then 1)
-    const Acc sigma = constant<Acc>(hook::softmax_scale(p, cf));
+    const Acc sigma = constant<Acc>(design_sigma(d, hook::softmax_scale(p, cf)));
     for (Acc& x : q.q_latent) x *= sigma;
     for (Acc& x : q.rope) x *= sigma;
   }

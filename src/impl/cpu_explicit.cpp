@@ -161,7 +161,7 @@ Outputs run(const Case& k, const Design& d) {
   const MlaConfig& c = k.cfg;
   const DType A = accumulate_dtype(c.profile);
   const Acc eps = constant<Acc>(c.eps), scale = design_scale<Acc>(d, c.softmax_scale);
-  const Acc sigma = constant<Acc>(c.softmax_scale);
+  const Acc sigma = constant<Acc>(design_sigma(d, c.softmax_scale));
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const KeyGains<Acc> gains(k);
   const bool stats = c.norm != NormMode::None;

@@ -99,7 +99,7 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
     LatentView<Acc> view(cache);
     // The dequantized fp8 cache stored (bf16) before the dot products.
     if (rounds_at(d.cache, A)) view.round_c = d.cache;
-    const Acc sigma = constant<Acc>(hook::softmax_scale(pt, cf));
+    const Acc sigma = constant<Acc>(design_sigma(d, hook::softmax_scale(pt, cf)));
     for (int i = 0; i < cf.s_q; ++i)
       for (int h = 0; h < cf.heads; ++h) {
         const int64_t row = (int64_t(b) * cf.s_q + i) * cf.heads + h;

@@ -221,11 +221,17 @@ Acc approx_rsqrt_of(Acc y) {
   }
 }
 
-// The softmax scale a design multiplies its scores by: sigma, or 1 when sigma is folded into the
-// query; times log2(e) (one rounding of the product) when the design exponentiates in base 2.
+// The softmax scale as the design holds it: sigma, stored first where the design stores it.
+inline double design_sigma(const Design& d, double sigma) {
+  return d.sigma == DType::F64 ? sigma : round_to(d.sigma, sigma);
+}
+
+// The softmax scale a design multiplies its scores by: sigma (design_sigma), or 1 when sigma is
+// folded into the query; times log2(e) (one rounding of the product) when the design exponentiates
+// in base 2.
 template <class Acc>
 Acc design_scale(const Design& d, double sigma) {
-  const double s = d.scale_in_q ? 1.0 : sigma;
+  const double s = d.scale_in_q ? 1.0 : design_sigma(d, sigma);
   return constant<Acc>(d.exp2 ? s * 1.4426950408889634 : s);
 }
 

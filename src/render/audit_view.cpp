@@ -51,6 +51,7 @@ std::string audit_text(const AuditResult& r, bool md) {
                   md ? "# " : "", to_string(r.id), r.case_path, to_string(c.level),
                   to_string(c.profile), c.preset, c.scenario);
   if (!r.declared.empty()) text += "declared design (strict): " + r.declared + "\n";
+  if (!r.forms_note.empty()) text += r.forms_note + "\n";
   if (!r.missing.empty())
     text +=
         fmt::format("{}not given (not judged): {}\n", md ? "\n" : "", fmt::join(r.missing, ", "));
@@ -110,6 +111,8 @@ std::string audit_json(const AuditResult& r) {
   j["missing"] = r.missing;
   j["ignored"] = r.ignored;
   j["designs"] = r.designs;
+  j["forms"] = r.forms;
+  j["forms_note"] = r.forms_note;
   j["diagnosis"] = nlohmann::json::array();
   for (const Match& m : r.diagnosis) {
     nlohmann::json ts = nlohmann::json::array();
