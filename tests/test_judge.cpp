@@ -223,3 +223,33 @@ TEST_CASE("judge.design.stored_softmax_scale") {
     CHECK(same == (round_to(DType::BF16, sigma) == sigma));
   }
 }
+
+// llama.cpp's ggml graph and mlx-lm's SDPA take no per-key scale, so alpha_k enters the keys and
+// each product is stored in the cache type (design key_fold): one more rounding of every key
+// element, which zoo seed 102007 (ggml_cpu, fp16 large_logits) showed at 7.2x the candidates'
+// out rel_l2. The point must reach the arithmetic under a QK-norm, and the family exist there
+// only (norm none has no alpha_k to fold).
+TEST_CASE("judge.design.alpha_k_folded_into_stored_keys") {
+  const Design d = parse_design("key_fold=stored", Profile::FP16, Form::Absorbed);
+  CHECK(d.key_fold == DType::F16);
+  CHECK(parse_design(to_string(d), Profile::FP16, Form::Absorbed) == d);
+  Design plain = d;
+  plain.key_fold = DType::F64;
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {
+    const MlaConfig c = test::tiny_config(Profile::FP16, {0, 17, 40}, 2, norm, 102007);
+    const Case k = generate_case(c);
+    const auto runs =
+        impl::cpu_absorbed(k, {{Variant::Default, {}, d}, {Variant::Default, {}, plain}});
+    CHECK(runs[0].tensors.at("lse").data != runs[1].tensors.at("lse").data);
+    auto has_family = [](const std::vector<Candidate>& ds) {
+      for (const Candidate& x : ds)
+        if (x.d.key_fold == DType::F16) return true;
+      return false;
+    };
+    CHECK(has_family(candidate_designs(c, Form::Absorbed, {{"out", {DType::F32}}})));
+    CHECK_FALSE(has_family(candidate_designs(c, Form::Explicit, {{"out", {DType::F32}}})));
+  }
+  const MlaConfig none = test::tiny_config(Profile::FP16, {0, 17}, 2, NormMode::None, 102007);
+  for (const Candidate& x : candidate_designs(none, Form::Absorbed, {{"out", {DType::F32}}}))
+    CHECK(x.d.key_fold == DType::F64);
+}

@@ -45,6 +45,11 @@ struct Design {
   // to bf16 first (MLX's `mx.scalar(scale) * q`, JAX's weak typing); the error is a temperature
   // change of up to half an ulp of the format on every logit
   DType sigma = DType::F64;
+  // absorbed: alpha_k multiplied into the latent key (unified: the rope key too) and the product
+  // stored in this format before the dot, where an attention kernel takes no per-key scale
+  // (llama.cpp's ggml graph: K_g = ggml_mul(kv latent view, alpha_k) in the cache type; mlx-lm's
+  // SDPA: (c * alpha_k).astype(dtype)); the values stay the latent rows
+  DType key_fold = DType::F64;
   // sigma multiplied into q_latent and the query rope part before rounding
   bool scale_in_q = false;
   bool exp2 = false;          // exp2 with log2(e) folded into the scale (FlashAttention/FlashMLA)
@@ -65,9 +70,9 @@ struct Design {
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
            cache == o.cache && eager == o.eager && lse == o.lse && sigma == o.sigma &&
-           scale_in_q == o.scale_in_q && exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt &&
-           p_normalized == o.p_normalized && sink_in_p == o.sink_in_p &&
-           gram_alpha_k == o.gram_alpha_k;
+           key_fold == o.key_fold && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
+           approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
+           sink_in_p == o.sink_in_p && gram_alpha_k == o.gram_alpha_k;
   }
 };
 
@@ -81,10 +86,10 @@ Design spec_design(Profile p, Form f);
 Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
-// kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, sigma; values: fp64, fp32,
-// bf16, fp16, or "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q, exp2, rsqrt,
-// p_normalized, sink_in_p, gram_alpha_k = yes|no):
-// starts from spec_design(profile, form) and sets the keys given. ConfigError names the key.
+// kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, sigma, key_fold; values:
+// fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q,
+// exp2, rsqrt, p_normalized, sink_in_p, gram_alpha_k = yes|no): starts from spec_design(profile,
+// form) and sets the keys given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
 std::string format_word(DType d);  // fp64, fp32, bf16, fp16, fp8

@@ -140,6 +140,15 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     folded.scale_in_q = true;
     add("softmax scale folded into q", folded);
   }
+  // An attention kernel without a per-key scale gets alpha_k inside its keys, each product stored
+  // in the cache type (llama.cpp's ggml graph, mlx-lm's SDPA): a rounding of every key element
+  // that scales with the logit (zoo seed 102007, ggml_cpu fp16 large_logits: out 7.2x the
+  // candidates' rel_l2, 0.6x with its keys left unrounded).
+  if (c.norm != NormMode::None && base.form == Form::Absorbed) {
+    Design folded_keys = base;
+    folded_keys.key_fold = D;
+    add("alpha_k folded into stored keys (no per-key scale)", folded_keys);
+  }
   if (c.norm != NormMode::None && base.form != Form::Kernel) {
     Design rs = base;
     rs.approx_rsqrt = true;
@@ -220,6 +229,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;
     if (!rounds_at(d.eager, A)) d.eager = DType::F64;
     if (!rounds_at(d.sigma, A)) d.sigma = DType::F64;
+    if (!rounds_at(d.key_fold, A) || d.form != Form::Absorbed) d.key_fold = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
       if (x.d == d) return;

@@ -28,7 +28,10 @@ namespace qkmla::impl {
 struct RowRounding {
   std::optional<DType> score, p;
   std::optional<DType> eager;  // each factor of the logit stored (core/design.hpp: eager)
-  bool p_normalized = false;   // P stored after the division (a module) or before it (a kernel)
+  // alpha_k multiplied into each key and the product stored before the dot (core/design.hpp:
+  // key_fold): the latent key, and under the unified norm the rope key too
+  std::optional<DType> key_fold;
+  bool p_normalized = false;  // P stored after the division (a module) or before it (a kernel)
   bool exp2 = false;
   // Design::sink_in_p (with p_normalized): the row's sink logit scales P before P is stored;
   // -inf: no sink. Set per row by the caller, from the head's attn_sink.
@@ -39,6 +42,7 @@ struct RowRounding {
     if (rounds_at(d.score, A)) r.score = d.score;
     if (rounds_at(d.p, A)) r.p = d.p;
     if (rounds_at(d.eager, A)) r.eager = d.eager;
+    if (rounds_at(d.key_fold, A)) r.key_fold = d.key_fold;
     r.p_normalized = d.p_normalized;
     r.exp2 = d.exp2;
     r.sink_in_p = d.sink_in_p && d.p_normalized;
@@ -286,13 +290,25 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
   const size_t block = std::min(tokens.size(), size_t(kProjectTokens));
   std::vector<Acc> buf(!cache.c || cache.round_c ? std::max<size_t>(block, 1) * size_t(r) : 0);
   const auto slot = [&](size_t n) { return buf.empty() ? nullptr : &buf[n * size_t(r)]; };
+  const auto alpha_k = [&](int64_t t) {
+    return cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
+  };
+  // A folded design's keys: alpha_k x the row, stored (the value side reads the row unscaled).
+  std::vector<Acc> keys(rr.key_fold ? block * size_t(r) : 0);
+  const auto key_row = [&](int64_t t, size_t n) {
+    const Acc* row = cache.row(t, slot(n));
+    if (!rr.key_fold) return row;
+    for (int l = 0; l < r; ++l)
+      keys[n * size_t(r) + size_t(l)] = store(*rr.key_fold, alpha_k(t) * row[l]);
+    return static_cast<const Acc*>(&keys[n * size_t(r)]);
+  };
   if (!pt.score_lowp) {  // a block of tokens at a time: each score is its own dot
     std::vector<const Acc*> rows;
     std::vector<Acc> s(block);
     for (size_t n0 = 0; n0 < tokens.size(); n0 += block) {
       const size_t m = std::min(tokens.size() - n0, block);
       rows.clear();
-      for (size_t n = 0; n < m; ++n) rows.push_back(cache.row(tokens[n0 + n], slot(n)));
+      for (size_t n = 0; n < m; ++n) rows.push_back(key_row(tokens[n0 + n], n));
       ordered_dots(q.q_latent.data(), rows.data(), int64_t(m), r, s.data());
       for (size_t n = 0; n < m; ++n) scores[size_t(tokens[n0 + n])] = s[n];
     }
@@ -301,16 +317,22 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.row(t, slot(0)), r, true)
                                : scores[size_t(t)];
     Acc rope = dot(q.rope.data(), cache.rope + t * dr, dr);
+    // a folded design's alpha_k is in the keys; under the unified norm in the rope key too
+    const Acc ak = rr.key_fold ? Acc(1) : alpha_k(t);
+    if (rr.key_fold && unified) {
+      std::vector<Acc> kr(cache.rope + t * dr, cache.rope + (t + 1) * dr);
+      for (Acc& x : kr) x = store(*rr.key_fold, alpha_k(t) * x);
+      rope = dot(q.rope.data(), kr.data(), dr);
+    }
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
       // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored
       const auto e = [&](Acc x) { return store(*rr.eager, x); };
-      const Acc ak = cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
       const Acc x = unified ? e(e(e(e(latent) + e(rope)) * q.row_scale) * ak)
                             : e(e(e(e(latent) * q.row_scale) * ak) + e(rope));
       return e(scale * x);
     }
-    const Acc s = q.row_scale * cache.alpha_k[size_t(hook::alpha_k_token(pt, t) * G + g)];
+    const Acc s = q.row_scale * ak;
     if (unified && pt.rope_unscaled_by_alpha_k)
       return Acc(scale * (s * latent + q.row_scale * rope));
     return latent_logit(unified, scale, s, latent, rope);

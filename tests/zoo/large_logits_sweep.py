@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """False alarms of the module styles that store their scores, on `large_logits` cases only.
 
-    large_logits_sweep.py QKMLA_BINARY WORK_DIR --seeds A-B [--markdown FILE]
+    large_logits_sweep.py QKMLA_BINARY WORK_DIR --seeds A-B [--markdown FILE] [--undeclared-form]
 
 Where a near tie of two logits near 270 meets scores stored in fp16 or bf16 (ulp 0.25 or 2), one
 row's output moves by percent with each rounding draw (proofs/budgets.md, "stored scores"). The
 zoo's own cases draw `large_logits` once in four and a module level about half the time; this
 sweep takes run_zoo's case for each seed and forces scenario `large_logits`, module level, profile
 fp16 on even seeds and bf16 on odd ones, then runs each listed style's correct implementation and
-audits it. Exit 1 on any false alarm (FAIL or exit 2).
+audits it. Exit 1 on any false alarm (FAIL or exit 2). `--undeclared-form` drops the explicit
+styles' `--form explicit`, as a user who does not say the form would.
 """
 import argparse
 import importlib
@@ -41,6 +42,8 @@ def main():
     ap.add_argument("work_dir")
     ap.add_argument("--seeds", required=True, help="A-B (inclusive)")
     ap.add_argument("--markdown")
+    ap.add_argument("--undeclared-form", action="store_true",
+                    help="audit the explicit styles without their --form (conventions §5 item 3)")
     a = ap.parse_args()
     lo, _, hi = a.seeds.partition("-")
     seeds = range(int(lo), int(hi or lo) + 1)
@@ -65,7 +68,8 @@ def main():
                 outs = {k: v for k, v in mod.run(cs, None).items() if k in refs}
             path = os.path.join(a.work_dir, f"{style}.safetensors")
             save_outputs(outs, path)
-            r = run_zoo.audit(binary, case, path, style, getattr(mod, "AUDIT_ARGS", ()))
+            args = () if a.undeclared_form else getattr(mod, "AUDIT_ARGS", ())
+            r = run_zoo.audit(binary, case, path, style, args)
             counts[style][0] += 1
             ratio = max((v for t in r["judged"].values() for v in t.values() if v is not None),
                         default=0.0)
@@ -78,6 +82,7 @@ def main():
         os.remove(case)
     lines = [f"# large_logits sweep (tests/zoo/large_logits_sweep.py)", "",
              f"- binary: `{binary}`", f"- seeds: {seeds[0]}-{seeds[-1]} (fp16 even, bf16 odd)",
+             f"- forms: {'undeclared (no --form)' if a.undeclared_form else 'as each style declares'}",
              f"- wall time: {time.time() - t0:.0f} s", "",
              "| style | audits | false alarms | largest ratio (seed) |", "|---|---:|---:|---|"]
     for s in STYLES:
