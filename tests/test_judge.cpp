@@ -224,9 +224,9 @@ TEST_CASE("judge.design.stored_softmax_scale") {
   }
 }
 
-// llama.cpp's ggml graph and mlx-lm's SDPA take no per-key scale, so alpha_k enters the keys and
-// each product is stored in the cache type (design key_fold): one more rounding of every key
-// element, which zoo seed 102007 (ggml_cpu, fp16 large_logits) showed at 7.2x the candidates'
+// ggml-org/llama.cpp's ggml graph and mlx-lm's SDPA take no per-key scale, so alpha_k enters the
+// keys and each product is stored in the cache type (design key_fold): one more rounding of every
+// key element, which zoo seed 102007 (ggml_cpu, fp16 large_logits) showed at 7.2x the candidates'
 // out rel_l2. The point must reach the arithmetic under a QK-norm, and the family exist there
 // only (norm none has no alpha_k to fold).
 TEST_CASE("judge.design.alpha_k_folded_into_stored_keys") {
@@ -252,4 +252,23 @@ TEST_CASE("judge.design.alpha_k_folded_into_stored_keys") {
   const MlaConfig none = test::tiny_config(Profile::FP16, {0, 17}, 2, NormMode::None, 102007);
   for (const Candidate& x : candidate_designs(none, Form::Absorbed, {{"out", {DType::F32}}}))
     CHECK(x.d.key_fold == DType::F64);
+}
+
+// A JAX module stores every einsum's output as a PyTorch module does, but jnp promotion keeps its
+// fp8 cache in fp32 (zoo seed 102011): a family of fp8 module-level candidates only.
+TEST_CASE("judge.candidate_designs.jax_module_keeps_the_fp8_cache") {
+  MlaConfig c = test::tiny_config(Profile::FP8, {0, 17}, 2, NormMode::None, 102011);
+  auto jax = [](const std::vector<Candidate>& ds) {
+    for (const Candidate& x : ds)
+      if (x.family.rfind("JAX module", 0) == 0) {
+        CHECK(x.d.score != DType::F64);
+        CHECK(x.d.cache == DType::F64);
+        return true;
+      }
+    return false;
+  };
+  CHECK(jax(candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}})));
+  CHECK_FALSE(jax(candidate_designs(c, Form::Absorbed, {{"out", {DType::F32}}})));
+  c.profile = Profile::BF16;
+  CHECK_FALSE(jax(candidate_designs(c, Form::Absorbed, {{"out", {DType::BF16}}})));
 }

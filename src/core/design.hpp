@@ -47,8 +47,8 @@ struct Design {
   DType sigma = DType::F64;
   // absorbed: alpha_k multiplied into the latent key (unified: the rope key too) and the product
   // stored in this format before the dot, where an attention kernel takes no per-key scale
-  // (llama.cpp's ggml graph: K_g = ggml_mul(kv latent view, alpha_k) in the cache type; mlx-lm's
-  // SDPA: (c * alpha_k).astype(dtype)); the values stay the latent rows
+  // (ggml-org/llama.cpp's ggml graph: K_g = ggml_mul(kv latent view, alpha_k) in the cache type;
+  // mlx-lm's SDPA: (c * alpha_k).astype(dtype)); the values stay the latent rows
   DType key_fold = DType::F64;
   // sigma multiplied into q_latent and the query rope part before rounding
   bool scale_in_q = false;

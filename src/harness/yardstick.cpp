@@ -129,6 +129,14 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     if (is_fp8(c.profile)) torch.cache = DType::BF16;
     add("PyTorch module (every op stored)", torch);
     with_sink_in_p("PyTorch module (every op stored)", torch);
+    // A JAX module stores every einsum's output the same way, but `codes.astype(f32) * scale`
+    // stays fp32 under jnp promotion, so its fp8 cache enters the einsums undequantized to bf16
+    // (zoo seed 102011, jax_xla fp8 outliers: an ill row 5.7x the allowance, 1.06x with this).
+    if (is_fp8(c.profile)) {
+      Design jax = torch;
+      jax.cache = DType::F64;
+      add("JAX module (einsum outputs stored, fp8 dequantized in fp32)", jax);
+    }
     // Not a candidate: an MLX or JAX module whose Python float scale is cast to the stored dtype
     // first (design sigma=bf16). Its temperature change is a scale bug's signature: as a family
     // it let a one-head bug's bias (6.3x) and a one-sequence lse shift (zoo seed 50000, 16x every
@@ -141,8 +149,8 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     add("softmax scale folded into q", folded);
   }
   // An attention kernel without a per-key scale gets alpha_k inside its keys, each product stored
-  // in the cache type (llama.cpp's ggml graph, mlx-lm's SDPA): a rounding of every key element
-  // that scales with the logit (zoo seed 102007, ggml_cpu fp16 large_logits: out 7.2x the
+  // in the cache type (ggml-org/llama.cpp's ggml graph, mlx-lm's SDPA): a rounding of every key
+  // element that scales with the logit (zoo seed 102007, ggml_cpu fp16 large_logits: out 7.2x the
   // candidates' rel_l2, 0.6x with its keys left unrounded).
   if (c.norm != NormMode::None && base.form == Form::Absorbed) {
     Design folded_keys = base;
