@@ -43,9 +43,10 @@ struct Candidate {
 // when the case has at most 64 non-empty rows, where one ill-conditioned row can dominate and a mix
 // can round a near tie differently from both extremes; else the two extremes, whose RMS errors
 // bracket every mix over many rows), and the designs real code uses: FlashMLA-style bf16 P with
-// exp2, a PyTorch module storing every op's output, the scale folded into q, an approximate rsqrt,
-// and (fp8) the cache dequantized to bf16. alpha_k in the accumulate type, or bf16 where delivered
-// in bf16; lse at delivered_lse_point.
+// exp2, a PyTorch module storing every op's output (fp8: also a JAX module's, the cache kept in
+// the accumulate type), the scale folded into q, alpha_k folded into stored keys (absorbed, under
+// a QK-norm), an approximate rsqrt, and (fp8) the cache dequantized to bf16. alpha_k in the
+// accumulate type, or bf16 where delivered in bf16; lse at delivered_lse_point.
 std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form, const Delivered& delivered);
 // The same over several forms (audit_forms), an explicit family's name prefixed "explicit form: "
 // where both forms are candidates.
@@ -56,7 +57,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, const std::vector<F
 // both forms at module level, since explicit and absorbed code are equally legitimate and a file
 // does not say which it came from (zoo sweep seed 101537: mlx-lm's S_q > 1 branch is explicit and
 // failed as absorbed at 5.45x), except where latent_out is delivered (only the absorbed form forms
-// it) or where the explicit samples cost over explicit_budget() multiply-adds each: `note` then
+// it) or where one explicit sample costs over 2.5e8 multiply-adds (kExplicitBudget): `note` then
 // says the explicit form was not sampled and how to declare it.
 std::vector<Form> audit_forms(const MlaConfig& c, const std::string& declared,
                               const Delivered& delivered, std::string* note);

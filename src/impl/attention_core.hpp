@@ -313,6 +313,7 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
       for (size_t n = 0; n < m; ++n) scores[size_t(tokens[n0 + n])] = s[n];
     }
   }
+  std::vector<Acc> rope_key(rr.key_fold && unified ? size_t(dr) : 0);  // a folded rope key [d_r]
   auto logit = [&](int64_t t) {
     Acc latent = pt.score_lowp ? dot_maybe_lowp(q.q_latent.data(), cache.row(t, slot(0)), r, true)
                                : scores[size_t(t)];
@@ -320,9 +321,9 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     // a folded design's alpha_k is in the keys; under the unified norm in the rope key too
     const Acc ak = rr.key_fold ? Acc(1) : alpha_k(t);
     if (rr.key_fold && unified) {
-      std::vector<Acc> kr(cache.rope + t * dr, cache.rope + (t + 1) * dr);
-      for (Acc& x : kr) x = store(*rr.key_fold, alpha_k(t) * x);
-      rope = dot(q.rope.data(), kr.data(), dr);
+      for (int j = 0; j < dr; ++j)
+        rope_key[size_t(j)] = store(*rr.key_fold, alpha_k(t) * cache.rope[t * dr + j]);
+      rope = dot(q.rope.data(), rope_key.data(), dr);
     }
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
