@@ -7,6 +7,7 @@
 #include <future>
 #include <mutex>
 
+#include "core/parallel.hpp"
 #include "reference/slice_gemm.hpp"
 
 namespace qkmla::ref {
@@ -68,8 +69,6 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w)
 
 Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
   shared_->cached = o.cached;
-  int64_t tokens = 0, bytes = 0;  // bytes: of the expansions of every product, formed whole
-  for (int t : k.cfg.seqlens) tokens += t;
   for (Which w : {Which::K0c, Which::V}) {
     auto& s = shared_->sliced[int(w)];
     try {
@@ -77,17 +76,25 @@ Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(ne
     } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
       s = nullptr;
     }
-    bytes += tokens * weights(k, w).shape[1] * ExactProduct::kLevels * 8;
   }
-  if (block_tokens_ < 0) block_tokens_ = bytes <= o.whole_bytes ? 0 : 256;
+  if (block_tokens_ < 0) block_tokens_ = whole_product_bytes(k) <= o.whole_bytes ? 0 : 256;
   for (int t : k.cfg.seqlens)
     shared_->per_product += streaming() ? (t + block_tokens_ - 1) / block_tokens_ : 1;
   if (streaming()) return;
   const auto start = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<const ExactProduct>> whole(size_t(2 * k.cfg.batch));  // [B][K0c, V]
+  std::vector<std::function<void()>> tasks;
+  for (int b = 0; b < k.cfg.batch; ++b)
+    for (Which w : {Which::K0c, Which::V})
+      tasks.push_back([&, b, w] {
+        whole[size_t(2 * b + int(w))] =
+            form(k, shared_->sliced[int(w)].get(), b, w, 0, k.cfg.seqlens[size_t(b)]);
+      });
+  run_parallel(tasks, std::max(1, o.threads));
   for (int b = 0; b < k.cfg.batch; ++b)
     for (Which w : {Which::K0c, Which::V}) {
       std::promise<std::shared_ptr<const ExactProduct>> p;
-      p.set_value(form(k, shared_->sliced[int(w)].get(), b, w, 0, k.cfg.seqlens[size_t(b)]));
+      p.set_value(whole[size_t(2 * b + int(w))]);
       shared_->blocks[{b, int(w), 0}] = p.get_future().share();
       ++shared_->formed;
     }
@@ -222,6 +229,16 @@ std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
   return block_->entry(t - t0_, j);
 }
 
+void Dots::release() {
+  if (!shared_) return;
+  std::map<Key, Future> gone;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(shared_->m);
+    gone.swap(shared_->blocks);
+    shared_->order.clear();
+  }
+}
+
 double Dots::seconds() const {
   if (!shared_) return 0.0;
   std::lock_guard<std::mutex> lock(shared_->m);
@@ -250,12 +267,21 @@ std::string Dots::method() const {
   return out;
 }
 
-Dots exact_dots(const Case& k, int64_t whole_bytes) {
+int64_t whole_product_bytes(const Case& k) {
+  int64_t tokens = 0;
+  for (int t : k.cfg.seqlens) tokens += t;
+  return tokens * (weights(k, Dots::Which::K0c).shape[1] + weights(k, Dots::Which::V).shape[1]) *
+         ExactProduct::kLevels * 8;
+}
+
+Dots exact_dots(const Case& k, int64_t whole_bytes, int threads) {
   if (whole_bytes < 0) {
     const char* env = std::getenv("QKMLA_WHOLE_PRODUCTS_MIB");
     whole_bytes = env ? std::strtoll(env, nullptr, 10) << 20 : int64_t(1) << 30;
   }
-  return Dots(k, {-1, 4, whole_bytes});
+  Dots::Options o{-1, 4, whole_bytes};
+  o.threads = threads;
+  return Dots(k, o);
 }
 
 }  // namespace qkmla::ref

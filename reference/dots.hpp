@@ -37,6 +37,7 @@ class Dots {
     // X.5 sliced GEMMs where their plan needs at most kMaxGemms per chunk; X.1-X.2 extraction
     // otherwise (operands spanning very many binades). Either way the same exact values.
     bool sliced = true;
+    int threads = 1;  // whole products: the sequences' two products formed side by side
   };
   static constexpr double kMaxGemms = 12.0;
 
@@ -110,6 +111,9 @@ class Dots {
     const Dots& d_;
   };
 
+  // Drops every block held (a copy of this Dots shares them): the products are done with, so
+  // their arrays go back to the pool (exact_dot.hpp) for the next case's; statistics stay.
+  void release();
   double seconds() const;  // time spent forming products, over all threads
   // Blocks the runs' cursors have moved to so far (progress: a streamed ref.explicit run reads
   // each sequence's k0c blocks, then its v blocks, once each).
@@ -137,7 +141,9 @@ class Dots {
 // The products of a case: whole when the case's exact products (their expansions) fit in
 // `whole_bytes`, streamed by 256-token blocks otherwise. -1: QKMLA_WHOLE_PRODUCTS_MIB from the
 // environment if set (0 streams every case), else 1 GiB (every preset at its default context is
-// formed whole).
-Dots exact_dots(const Case& k, int64_t whole_bytes = -1);
+// formed whole). `threads`: how many products of a case formed whole are formed at once.
+Dots exact_dots(const Case& k, int64_t whole_bytes = -1, int threads = 1);
+// The bytes of a case's products formed whole, at most (every entry's kLevels inline terms).
+int64_t whole_product_bytes(const Case& k);
 
 }  // namespace qkmla::ref

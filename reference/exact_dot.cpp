@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -153,6 +154,51 @@ std::vector<double> exact_sum(std::vector<double> p, int M) {
 }
 
 }  // namespace
+
+namespace {
+struct TermPool {
+  std::mutex m;
+  std::vector<std::vector<double>> free;
+};
+TermPool& term_pool() {
+  static TermPool pool;
+  return pool;
+}
+}  // namespace
+
+std::vector<double> take_terms(size_t n) {
+  std::vector<double> v;
+  if (n * sizeof(double) >= kPooledBytes) {  // the smallest pooled array that holds n
+    TermPool& pool = term_pool();
+    const std::lock_guard<std::mutex> lock(pool.m);
+    auto best = pool.free.end();
+    for (auto it = pool.free.begin(); it != pool.free.end(); ++it)
+      if (it->capacity() >= n && (best == pool.free.end() || it->capacity() < best->capacity()))
+        best = it;
+    if (best != pool.free.end()) {
+      v = std::move(*best);
+      pool.free.erase(best);
+    }
+  }
+  v.assign(n, 0.0);  // within the capacity: no new pages
+  return v;
+}
+
+void drain_term_pool() {
+  TermPool& pool = term_pool();
+  std::vector<std::vector<double>> gone;
+  {
+    const std::lock_guard<std::mutex> lock(pool.m);
+    gone.swap(pool.free);
+  }
+}
+
+ExactProduct::~ExactProduct() {
+  if (terms_.capacity() * sizeof(double) < kPooledBytes) return;
+  TermPool& pool = term_pool();
+  const std::lock_guard<std::mutex> lock(pool.m);
+  if (pool.free.size() < kPooledArrays) pool.free.push_back(std::move(terms_));
+}
 
 std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   const int64_t flat = i * cols + j;
@@ -325,7 +371,7 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
   ExactProduct out;
   out.rows = m;
   out.cols = k;
-  out.terms_.assign(size_t(m * k * ExactProduct::kLevels), 0.0);
+  out.terms_ = take_terms(size_t(m * k * ExactProduct::kLevels));
   // Column blocks outside, rows inside: a [n2, kBlock] slab of B stays in cache for all rows.
   auto rows = [&](int64_t i0, int64_t i1) {
     for (int64_t j0 = 0; j0 < k; j0 += kBlock)

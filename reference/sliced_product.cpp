@@ -184,7 +184,7 @@ SlicedProduct::SlicedProduct(const double* A, int64_t lda, int64_t m, const Slic
   // (paper-decode, 4096 tokens: 16.8 M entries per product), so 2 slots inline; wider entries
   // still go long, with the same terms. fp64 data: 2 or 3 terms, kLevels slots.
   levels_ = W.narrow && all_narrow(A, m, lda, W.n) ? 2 : ExactProduct::kLevels;
-  terms_.assign(size_t(m * W.k * levels_), 0.0);  // [m, k, levels_]
+  terms_ = take_terms(size_t(m * W.k * levels_));  // [m, k, levels_], zero
   long_terms_.resize(size_t(tiles()));
   // Each chunk of kChunk rows is cut into only the slices its rows need, once for every tile.
   std::vector<Bits> rows(size_t(std::min(kChunk, m)));

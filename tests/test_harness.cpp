@@ -2,6 +2,8 @@
 // where it should (report, gate matrix, golden baselines, converge).
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <limits>
 #include <set>
 
 #include "core/impl_id.hpp"
@@ -9,7 +11,10 @@
 #include "harness/converge.hpp"
 #include "harness/golden.hpp"
 #include "harness/registry.hpp"
+#include "harness/truth.hpp"
 #include "helpers.hpp"
+#include "impl/kernel_level.hpp"
+#include "reference/exact_dot.hpp"
 #include "report/report.hpp"
 
 using namespace qkmla;
@@ -131,4 +136,67 @@ TEST_CASE("harness.registry.converge_runs_every_converge_implementation") {
   REQUIRE(r.series.size() == ids.size());
   for (size_t i = 0; i < ids.size(); ++i) CHECK(r.series[i].impl == ids[i]);
   CHECK(ids.size() >= 8);  // explicit, absorbed + 4 variants, 2 mutants
+}
+
+// compute_truths in waves (each wave's products released before the next wave forms its own, into
+// the same arrays) gives every case the bits one wave gives: four cases of three profiles and two
+// norms, one of them kernel level (no products), waves of one case (wave_bytes 0, one thread)
+// against one wave of all (no limit, two threads), every output tensor and its low part compared.
+TEST_CASE("harness.truth.waves_give_the_bits_of_one_wave") {
+  const uint64_t seed = test::seed(1601);
+  CAPTURE(seed);
+  std::vector<Case> cases;
+  cases.push_back(
+      generate_case(test::tiny_config(Profile::BF16, {0, 17, 40}, 2, NormMode::Blockwise, seed)));
+  cases.push_back(
+      generate_case(test::tiny_config(Profile::FP64, {9, 30}, 1, NormMode::Unified, seed + 1)));
+  cases.push_back(impl::kernel_case(
+      generate_case(test::tiny_config(Profile::FP8, {5, 23}, 2, NormMode::Blockwise, seed + 2))));
+  cases.push_back(
+      generate_case(test::tiny_config(Profile::FP32, {33}, 2, NormMode::Blockwise, seed + 3)));
+  std::vector<const Case*> ptrs;
+  for (const Case& k : cases) ptrs.push_back(&k);
+  TruthOptions waves, whole;
+  waves.absorbed = whole.absorbed = true;
+  waves.threads = 1, waves.wave_bytes = 0;
+  whole.threads = 2, whole.wave_bytes = std::numeric_limits<int64_t>::max();
+  const std::vector<Truth> a = compute_truths(ptrs, waves), b = compute_truths(ptrs, whole);
+  int compared = 0;
+  auto same = [&](const Outputs& x, const Outputs& y) {
+    REQUIRE(x.tensors.size() == y.tensors.size());
+    for (const auto& [name, t] : x.tensors) {
+      CAPTURE(name);
+      CHECK(std::memcmp(t.data.data(), y.tensors.at(name).data.data(), t.data.size() * 8) == 0);
+      CHECK(std::memcmp(x.lo.at(name).data.data(), y.lo.at(name).data.data(), t.data.size() * 8) ==
+            0);
+      ++compared;
+    }
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    same(a[i].explicit_p, b[i].explicit_p);
+    same(a[i].check, b[i].check);
+    same(a[i].absorbed_p, b[i].absorbed_p);
+    CHECK(a[i].agreeing_bits == b[i].agreeing_bits);
+  }
+  CHECK(compared > 30);
+}
+
+// A product's inline-terms array goes back to the pool when the product is destroyed, and the next
+// product of that size or smaller takes it, zero-filled.
+TEST_CASE("reference.exact_dot.term_pool_reuses_arrays") {
+  const size_t big = ref::kPooledBytes / sizeof(double) + 5;
+  ref::drain_term_pool();
+  std::vector<double> first = ref::take_terms(big);
+  first[7] = 3.0;
+  const double* at = first.data();
+  {
+    ref::ExactProduct p = ref::ExactProduct::of(1, int64_t(big), 1, std::move(first), {});
+  }  // destroyed: its array is pooled
+  const std::vector<double> again = ref::take_terms(big - 3);
+  CHECK(again.data() == at);
+  CHECK(again.size() == big - 3);
+  CHECK(again[7] == 0.0);
+  CHECK(ref::take_terms(big).data() != at);  // `again` still holds the pooled array
+  ref::drain_term_pool();
 }

@@ -3,6 +3,7 @@
 // same exact products; the bits on which the two runs agree, and the refusal rule (fewer than
 // stored precision + 20 bits: the reference is not accurate enough to judge anything).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -21,6 +22,12 @@ struct TruthOptions {
   // compute_truth only: these products (exact_dots of the same case) instead of forming new ones,
   // e.g. so that a caller can watch their progress (Dots::blocks_read).
   const ref::Dots* dots = nullptr;
+  // compute_truths: cases run in waves (products, P runs, check runs), each of at least one case
+  // per thread and more while its products stay within wave_bytes (ref::whole_product_bytes), so
+  // that only a wave's products are alive at once and the next wave reuses their arrays. 600 MB:
+  // the default report's five profiles at 4096 tokens (537 MB each by that bound) form waves of
+  // 2, 2 and 1; the gate's thousands of small cases stay one wave, whose phases balance best.
+  int64_t wave_bytes = int64_t(600) << 20;
 };
 
 struct Truth {
