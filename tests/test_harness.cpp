@@ -2,9 +2,13 @@
 // where it should (report, gate matrix, golden baselines, converge).
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
+#include <thread>
 
 #include "core/impl_id.hpp"
 #include "gate/gate_config.hpp"
@@ -199,4 +203,45 @@ TEST_CASE("reference.exact_dot.term_pool_reuses_arrays") {
   CHECK(again[7] == 0.0);
   CHECK(ref::take_terms(big).data() != at);  // `again` still holds the pooled array
   ref::drain_term_pool();
+}
+
+// Streamed cases (every product in 256-token blocks) with the caller's fillers: the fillers that
+// the phases leave run beside the streamed pairs on one more thread. Every filler runs exactly
+// once, and the truths are those of a run with no fillers on one thread.
+TEST_CASE("harness.truth.fillers_beside_streamed_pairs") {
+  const uint64_t seed = test::seed(1602);
+  CAPTURE(seed);
+  std::vector<Case> cases;
+  cases.push_back(
+      generate_case(test::tiny_config(Profile::BF16, {300, 17}, 2, NormMode::Blockwise, seed)));
+  cases.push_back(
+      generate_case(test::tiny_config(Profile::FP32, {270}, 1, NormMode::Unified, seed + 1)));
+  std::vector<const Case*> ptrs;
+  for (const Case& k : cases) ptrs.push_back(&k);
+  const char* old_env = std::getenv("QKMLA_WHOLE_PRODUCTS_MIB");
+  const std::string saved = old_env ? old_env : "";
+  setenv("QKMLA_WHOLE_PRODUCTS_MIB", "0", 1);  // every case streams
+  std::vector<std::atomic<int>> ran(7);
+  std::vector<std::function<void()>> extra;
+  for (size_t i = 0; i < ran.size(); ++i)
+    extra.push_back([&ran, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * int(i)));
+      ++ran[i];
+    });
+  TruthOptions two, one;
+  two.threads = 2, one.threads = 1;
+  const std::vector<Truth> a = compute_truths(ptrs, two, extra), b = compute_truths(ptrs, one);
+  if (old_env)
+    setenv("QKMLA_WHOLE_PRODUCTS_MIB", saved.c_str(), 1);
+  else
+    unsetenv("QKMLA_WHOLE_PRODUCTS_MIB");
+  for (size_t i = 0; i < ran.size(); ++i) CHECK(ran[i] == 1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    CHECK(a[i].dots.streaming());
+    for (const auto& [name, t] : a[i].explicit_p.tensors)
+      CHECK(std::memcmp(t.data.data(), b[i].explicit_p.tensors.at(name).data.data(),
+                        t.data.size() * 8) == 0);
+    CHECK(a[i].agreeing_bits == b[i].agreeing_bits);
+  }
 }

@@ -1,6 +1,8 @@
 #include "harness/truth.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <tuple>
 
 #include "core/parallel.hpp"
@@ -41,6 +43,15 @@ std::vector<std::string> agreement_tensors(const Outputs& check) {
 
 namespace {
 
+// The fillers a phase may take: only where the phase has a task for every thread. A phase with
+// fewer (one long case whose run shares the threads itself, or one short task) would hand a whole
+// filler to a thread and then wait for it: at 65,536 tokens one core idled 4.5 and 2.5 s of 52 s
+// that way. Such fillers run in run_rest instead, on every thread.
+Fillers* filling(const std::vector<std::function<void()>>& tasks, const TruthOptions& o,
+                 Fillers& fillers) {
+  return int(tasks.size()) >= o.threads ? &fillers : nullptr;
+}
+
 // The products, the P runs and the check runs of the cases `wave` (indices into cases), one phase
 // after another; cases whose products stream are left for ref_explicit_pair.
 void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& wave,
@@ -55,7 +66,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
         truths[i].dots =
             o.dots && cases.size() == 1 ? *o.dots : ref::exact_dots(*cases[i], -1, per_case);
       });
-  run_parallel(tasks, o.threads, &fillers);
+  run_parallel(tasks, o.threads, filling(tasks, o, fillers));
   auto paired = [&](size_t i) {
     return cases[i]->cfg.level == Level::Module && truths[i].dots.streaming();
   };
@@ -82,7 +93,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
         });
     }
     tasks.insert(tasks.end(), explicit_runs.begin(), explicit_runs.end());
-    run_parallel(tasks, o.threads, &fillers);
+    run_parallel(tasks, o.threads, filling(tasks, o, fillers));
   }
   ref::PrecisionScope scope(check_bits);
   tasks.clear();
@@ -96,7 +107,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
         truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
       });
   }
-  run_parallel(tasks, o.threads, &fillers);
+  run_parallel(tasks, o.threads, filling(tasks, o, fillers));
   // Done with: the next wave's products take over these arrays (their pages already touched).
   for (size_t i : wave)
     if (!paired(i) && !(o.dots && cases.size() == 1)) truths[i].dots.release();
@@ -123,14 +134,39 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   }
   if (!wave.empty()) run_wave(cases, wave, o, truths, fillers);
   ref::drain_term_pool();
-  fillers.run_rest(o.threads);
   // Streamed products: ref.explicit and its check take turns on each block, which is then formed
-  // once for both (ref_explicit_pair).
+  // once for both (ref_explicit_pair). The fillers left run beside them on one more thread (their
+  // last one, alone on run_rest's threads, idled a core 5 s of a 65,536-token report's 50).
   const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
+  std::vector<size_t> streamed;
   for (size_t i = 0; i < cases.size(); ++i)
-    if (cases[i]->cfg.level == Level::Module && truths[i].dots.streaming())
+    if (cases[i]->cfg.level == Level::Module && truths[i].dots.streaming()) streamed.push_back(i);
+  auto pairs = [&] {
+    for (size_t i : streamed)
       std::tie(truths[i].explicit_p, truths[i].check) = ref::ref_explicit_pair(
           *cases[i], truths[i].dots, o.latent_out, o.bits, check_bits, o.threads);
+  };
+  if (streamed.empty() || o.threads < 2) {
+    fillers.run_rest(o.threads);
+    pairs();
+  } else {
+    std::exception_ptr side_error;
+    std::thread side([&] {
+      try {
+        fillers.run_rest(1);
+      } catch (...) {
+        side_error = std::current_exception();
+      }
+    });
+    try {
+      pairs();
+    } catch (...) {
+      side.join();
+      throw;
+    }
+    side.join();
+    if (side_error) std::rethrow_exception(side_error);
+  }
   for (size_t i = 0; i < cases.size(); ++i) {
     Truth& t = truths[i];
     t.agreeing_bits = agreeing_bits(*cases[i], t.explicit_p, t.check, agreement_tensors(t.check));
