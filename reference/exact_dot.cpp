@@ -153,10 +153,7 @@ std::vector<double> exact_sum(std::vector<double> p, int M) {
   throw std::logic_error("exact_sum: extraction did not terminate");
 }
 
-}  // namespace
-
-namespace {
-struct TermPool {
+struct TermPool {  // take_terms' arrays: those of destroyed products, by capacity
   std::mutex m;
   std::vector<std::vector<double>> free;
 };

@@ -39,9 +39,10 @@ std::vector<std::string> agreement_tensors(const Outputs& check) {
   return names;
 }
 
-}  // namespace
-
-namespace {
+// Whether a case's products stream: its P and check runs then take turns (ref_explicit_pair).
+bool streams(const Case& k, const Truth& t) {
+  return k.cfg.level == Level::Module && t.dots.streaming();
+}
 
 // The fillers a phase may take: only where the phase has a task for every thread. A phase with
 // fewer (one long case whose run shares the threads itself, or one short task) would hand a whole
@@ -67,9 +68,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
             o.dots && cases.size() == 1 ? *o.dots : ref::exact_dots(*cases[i], -1, per_case);
       });
   run_parallel(tasks, o.threads, filling(tasks, o, fillers));
-  auto paired = [&](size_t i) {
-    return cases[i]->cfg.level == Level::Module && truths[i].dots.streaming();
-  };
+  auto paired = [&](size_t i) { return streams(*cases[i], truths[i]); };
   const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
   {
     ref::PrecisionScope scope(o.bits);
@@ -140,7 +139,7 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
   std::vector<size_t> streamed;
   for (size_t i = 0; i < cases.size(); ++i)
-    if (cases[i]->cfg.level == Level::Module && truths[i].dots.streaming()) streamed.push_back(i);
+    if (streams(*cases[i], truths[i])) streamed.push_back(i);
   auto pairs = [&] {
     for (size_t i : streamed)
       std::tie(truths[i].explicit_p, truths[i].check) = ref::ref_explicit_pair(
