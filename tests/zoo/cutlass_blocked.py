@@ -10,7 +10,8 @@ Rounding points (D = stored dtype, A = accumulate: fp32, fp64 in fp64):
     rounded once to D; rope parts in fp32 rounded once to D; alpha_q, alpha_k in fp32
   - scores: fp32 accumulator; norm none/unified: one 576-wide K (latent | rope) as FlashMLA;
     blockwise: separate content / rope accumulators (alpha_q*alpha_k scales the content one)
-  - softmax: scale*log2(e) folded into one fp32 constant, exp2, online max/sum per 64-token tile
+  - softmax: scale*log2(e) folded into one fp32 constant, exp2 (fast-math: ex2.approx,
+    fastmath.ex2_approx), online max/sum per 64-token tile
     with rescaling (FlashAttention-2), row sum l of the unrounded fp32 p
   - P rounded to D before P.V (the bf16 P of the tensor-core MMA)
   - fp8 cache, K side: the e4m3 codes are the MMA operand (exact in bf16) and the fp32 scale
@@ -25,6 +26,7 @@ Delivered: latent_out (D), lse (fp32), and out (D) at module level.
 import numpy as np
 
 from common import load
+from fastmath import ex2_approx
 
 LEVELS = ("module", "kernel")
 BUGS = ["one_head", "one_sequence", "row_denominator_bf16", "scale_bias",
@@ -190,8 +192,9 @@ def run(case, bug=None):
             s = np.where(vis, s, -np.inf)
             m_new = np.maximum(m, s.max(1))
             m_use = np.where(np.isneginf(m_new), 0, m_new)
-            p = np.exp2(s - m_use[:, None])
-            corr = np.exp2(m - m_use)
+            exp2 = ex2_approx if A == np.float32 else np.exp2    # fast-math exp2f: ex2.approx
+            p = exp2(s - m_use[:, None])
+            corr = exp2(m - m_use)
             l = l * corr + p.sum(1)
             if bug != "missing_rescale":
                 acc = acc * corr[:, None]

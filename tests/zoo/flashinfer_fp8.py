@@ -8,7 +8,7 @@ two-pass kernel per request:
     scale, fp32) and rounded to bf16 before the dot products, as FlashInfer's fp8 MLA path
     feeds bf16 tensor cores;
   - scores in fp32 in base 2 (sm_scale * log2(e) applied to the fp32 logits), softmax in fp32
-    (row max, exp2, row sum), P kept fp32 for P.V, fp32 accumulation;
+    (row max, exp2 through ex2.approx: fastmath.ex2_approx; row sum), P kept fp32 for P.V, fp32 accumulation;
   - FlashInfer's lse is base 2: the adapter converts it to the natural log (* ln 2);
   - latent_out written in the stored dtype (bf16 in fp8).
 fp8-block128: the scale page holds ceil(r/128) scales per slot, value j takes scale j // 128
@@ -20,6 +20,7 @@ import numpy as np
 
 from absorb import kernel_inputs
 from common import BF16, FP8_BLOCK, load
+from fastmath import ex2_approx
 
 LEVELS = ("module", "kernel")
 PAGE = 16
@@ -137,7 +138,7 @@ def mla_decode(cs, ki, bug=None):
         mx = s2.max(-1, keepdims=True)
         ok = np.isfinite(mx)
         mx = np.where(ok, mx, 0)
-        p = np.exp2(s2 - mx)
+        p = (ex2_approx if A == np.float32 else np.exp2)(s2 - mx)   # math::ptx_exp2: ex2.approx
         den = p.sum(-1, keepdims=True)
         if bug == "row_denominator_bf16":
             den = den.astype(BF16).astype(A)

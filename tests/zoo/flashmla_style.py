@@ -4,6 +4,7 @@ Kernel: for every (sequence, query row, head) the cache is streamed in 64-token 
     s      = q_latent . c  (fp32 accumulation)                       [+ row/col alpha scaling]
     s     *= scale_log2 = fp32(softmax_scale * log2(e))               (one folded constant)
     m_new  = max(m, rowmax(s));  corr = exp2(m - m_new);  P = exp2(s - m_new)
+             (fp32: --use_fast_math's ex2.approx.ftz, fastmath.ex2_approx)
     l      = l*corr + rowsum(P)      (fp32 P)
     acc    = acc*corr + bf16(P) . c  (P rounded to bf16 for the tensor-core P.V; fp16 in the
                                       fp16 profile; not rounded in fp32/fp64)
@@ -22,6 +23,7 @@ import numpy as np
 
 from absorb import kernel_inputs
 from common import BF16, FP8_BLOCK, load
+from fastmath import ex2_approx
 
 LEVELS = ("module", "kernel")
 TILE = 64
@@ -77,6 +79,7 @@ def decode_kernel(cs, ki, bug=None):
     unified = cs.norm == "unified"
     pdt = _p_dtype(cs.profile)
     scale_log2 = A(cs.scale * LOG2E)
+    exp2 = ex2_approx if A == np.float32 else np.exp2    # --use_fast_math: ex2.approx.ftz.f32
     q_lat_all = ki["q_latent"].astype(A)
     aq_all = ki["alpha_q"].astype(A) if "alpha_q" in ki else np.ones((B, S, H), A)
     has_rope = "q_rope" in ki and cs.dr > 0
@@ -127,8 +130,8 @@ def decode_kernel(cs, ki, bug=None):
                     s = np.where(vis_all[:, None, t0:t0 + TILE], s, -np.inf)
                 m_new = np.maximum(m, s.max(-1))
                 m_use = np.where(m_new == -np.inf, A(0), m_new)
-                corr = np.exp2(m - m_use)
-                p = np.exp2(s - m_use[..., None])
+                corr = exp2(m - m_use)
+                p = exp2(s - m_use[..., None])
                 l = l * corr + p.sum(-1)
                 pv = p.astype(pdt).astype(A) if pdt is not None else p
                 if bug == "no_rescale":
@@ -143,7 +146,7 @@ def decode_kernel(cs, ki, bug=None):
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 lg = np.log2(l)
                 if sink2 is not None:             # l + exp(s_h - max): out *= 1/(1 + exp(s_h - lse))
-                    den = den + np.exp2(sink2[None, :] - np.where(live, m, 0))
+                    den = den + exp2(sink2[None, :] - np.where(live, m, 0))
                 latent[b, rows] = np.where(live[..., None], acc / den[..., None], A(0))
                 lsum = np.log2(den) if bug == "sink_in_lse" and sink2 is not None else lg
             lse[b, rows] = np.where(live, m + lsum if bug == "lse_base2" else (m + lsum) * A(LN2), -np.inf)

@@ -7,7 +7,8 @@ Rounding points, D = the profile's stored dtype, A = its accumulate dtype (fp32;
   - gains: gamma_cq * gamma_ck formed in fp32 (norm weights `.float()`), the gained query
     `(q_nope.float() * g).to(D)` rounded once to D (a torch elementwise op in the model dtype)
   - q_latent: `torch.bmm(q_nope, w_kc)`, D operands, fp32 accumulate, output rounded to D
-  - alpha_q, alpha_k: fp32 (sgl_kernel rmsnorm statistics: variance in fp32, rsqrt(var + eps));
+  - alpha_q, alpha_k: fp32 (sgl_kernel rmsnorm statistics: variance in fp32, rsqrt(var + eps)
+    through CUDA's approximate rsqrtf: fastmath.rsqrt_approx);
     alpha_k from the fp32 key `torch.bmm(c.float(), w_kc.float())` at append time
   - rope parts: fused QK-norm + RoPE (sglang `fused_qk_norm_rope`-like) in fp32 with the fp32
     tables (no `cos.to(x.dtype)`), rounded once to D
@@ -21,6 +22,7 @@ Delivered: module level out (D) and lse (fp32); kernel level latent_out (D) and 
 import numpy as np
 
 from common import load
+from fastmath import rsqrt_approx
 
 LEVELS = ("module", "kernel")
 BUGS = ["one_head", "one_sequence", "row_denominator_bf16", "scale_bias",
@@ -39,7 +41,9 @@ def bug_applies(cfg, bug):
 
 def _rmsnorm_inv(x, eps):
     # sgl_kernel.rmsnorm: variance = x.float().pow(2).mean(-1); x * torch.rsqrt(variance + eps)
-    return 1.0 / np.sqrt(np.mean(x * x, axis=-1) + eps)
+    # on the GPU torch.rsqrt is CUDA's rsqrtf (rsqrt.approx, a few ulp); fp64 stays exact
+    ms = np.mean(x * x, axis=-1) + eps
+    return rsqrt_approx(ms) if ms.dtype == np.float32 else 1.0 / np.sqrt(ms)
 
 
 def _apply_rotary_emb(x, cos, sin, is_neox_style):

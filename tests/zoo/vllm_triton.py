@@ -13,14 +13,14 @@ The kernel arithmetic, per (request, head, split): tiles of BLOCK_N tokens of th
 [split_start, split_end), split length cdiv(seq_len, 4) tokens; kv_loc = block_table[b, n // P]
 * P + n % P (P = 16, block 0 is vLLM's null block, NaN here); qk = tl.dot(q, k) fp32;
 sm_scale applied to the fp32 scores; online softmax with tl.exp (natural; lowered to
-ex2.approx(x * log2 e) in fp32, emulated as exp2 of the fp32 product); acc += tl.dot(p.to(v.dtype),
+ex2.approx(x * log2 e) in fp32, modelled by fastmath.ex2_approx); acc += tl.dot(p.to(v.dtype),
 v); Mid_O = acc / e_sum and e_max + log(e_sum) stored fp32; stage 2 merges the non-empty
 splits by their lse (tl.exp), stores acc / e_sum to `o` and e_max + log(e_sum) to `lse`.
 
 QK-norm, added the way a serving engine would (conventions §1.2 default variant, §3):
   - host: gained query g = gamma_cq * gamma_ck in fp32 (unified: gamma_q[:d_c] * gamma_k[:d_c]),
     `(q_nope.float() * g).to(D)`, then `torch.bmm(., W_UK_T)` -> q_latent in D;
-    alpha_q = rsqrt(mean(q_nope.float()^2) + eps) fp32 (unified: over [q_nope; q_pe] with the
+    alpha_q = rsqrt(mean(q_nope.float()^2) + eps) fp32 (CUDA's rsqrtf: fastmath.rsqrt_approx) (unified: over [q_nope; q_pe] with the
     rope part raw (norm_then_rope) or rotated (rope_then_norm));
     rope parts: a fused norm + RoPE in fp32 with the case's fp32 tables, written once in D
     (blockwise: normalized rotated; unified: gained rotated, un-normalized; none: rotated)
@@ -53,6 +53,7 @@ Delivered: module out (D), lse (D), latent_out (D); kernel latent_out (D), lse (
 import numpy as np
 
 from common import BF16, FP8_BLOCK, load
+from fastmath import ex2_approx, rsqrt_approx
 
 LEVELS = ("module", "kernel")
 FEATURES = ()                       # TritonMLAImpl: no sparse indices, no sink logits
@@ -93,7 +94,7 @@ def _tl_exp(x, A):
     if A == np.float64:
         return np.exp(x)
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.exp2((x * LOG2E).astype(np.float32)).astype(np.float32)
+        return ex2_approx((x * LOG2E).astype(np.float32))
 
 
 def _tl_log(x, A):
@@ -139,10 +140,10 @@ def _mla_prelude(cs, bug):
     hpg = H // G
     eps = A(cs.eps)
 
-    def rsqrt_stat(ms):                        # torch.rsqrt(var + eps) in fp32
+    def rsqrt_stat(ms):                        # torch.rsqrt(var + eps) in fp32: CUDA's rsqrtf
         if bug == "eps_outside_sqrt":
             return A(1) / (np.sqrt(ms) + eps)
-        return A(1) / np.sqrt(ms + eps)
+        return rsqrt_approx(ms + eps) if A == np.float32 else A(1) / np.sqrt(ms + eps)
 
     T_max = cs.raw("kv_c").shape[1]
     q_nope = cs.get("q_nope", A)
