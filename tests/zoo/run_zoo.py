@@ -22,6 +22,10 @@ instance is
                  correct styles on that case (or it has a non-finite position the ref lacks),
   2-10x band     if the largest such ratio is in (2, 10],
   rounding-level otherwise.
+A second measure, reported beside it, takes sys_global against the larger of the correct styles'
+realized value and their noise level, sqrt(sum over rows of <x-y, y>_row^2) / <y, y> (what the
+projection reaches when the rows' errors are independent draws): styles that round the same values
+the same way share one draw of it (proofs/budgets.md, "the systematic error's noise level").
 Output: kill / false-alarm matrix by style and bug class, the commit of the checkout it runs from, the binary
 and the seed range. Exit 1 on any false alarm (a correct style FAILs or is refused with exit 2)
 or any should-catch bug that PASSes.
@@ -190,6 +194,8 @@ def stats(x, y, name):
     rdy = np.sum(d * yy, axis=row_axes)
     ok = ryy > 0
     res["sys_rows"] = float(np.sqrt(np.mean((rdy[ok] / ryy[ok]) ** 2))) if ok.any() else 0.0
+    # what sys_global reaches when the rows' projections are independent draws of their size
+    res["sys_global_noise"] = float(np.sqrt(np.sum(rdy * rdy)) / (ny * ny)) if ny > 0 else 0.0
     return res
 
 
@@ -257,16 +263,21 @@ def classify(runs):
     for r in corr:  # a correct style that overflowed (fp16 range) has no output to judge
         r["overflow"] = any(st.get("nonfinite", 0) for st in r["stats"].values())
     corr = [r for r in corr if not r["overflow"]]
-    best = {}
+    best, noise = {}, {}
     for r in corr:
         for t, st in r["stats"].items():
             for s in STATS:
                 v = st.get(s, 0.0)
                 best[(t, s)] = max(best.get((t, s), 0.0), v)
+            noise[t] = max(noise.get(t, 0.0), st.get("sys_global_noise", 0.0))
     for r in runs:
         if r["bug"] is None or "stats" not in r:
             continue
-        ratio, arg, nonfinite = 0.0, None, False
+        # ratio: against the correct styles' statistics as realized (the headline classes);
+        # ratio_noise: sys_global against the larger of that and the correct styles' noise level
+        # (their rows' projections as independent draws): styles that round the same values the
+        # same way share one draw, which may sit far below what another correct design reaches.
+        ratio, arg, ratio_n, nonfinite = 0.0, None, 0.0, False
         for t, st in r["stats"].items():
             if st.get("nonfinite", 0):
                 nonfinite = True
@@ -277,9 +288,15 @@ def classify(runs):
                 q = float("inf") if (b <= 0 and v > 0) else (v / b if b > 0 else 0.0)
                 if q > ratio:
                     ratio, arg = q, f"{t}.{s}"
-        r["ratio"], r["ratio_stat"] = ratio, arg
+                if s == "sys_global":
+                    b = max(b, noise.get(t, 0.0))
+                    q = float("inf") if (b <= 0 and v > 0) else (v / b if b > 0 else 0.0)
+                ratio_n = max(ratio_n, q)
+        r["ratio"], r["ratio_stat"], r["ratio_noise"] = ratio, arg, ratio_n
         r["class"] = ("should-catch" if (nonfinite or ratio > 10) else
                       "band" if ratio > 2 else "rounding")
+        r["class_noise"] = ("should-catch" if (nonfinite or ratio_n > 10) else
+                            "band" if ratio_n > 2 else "rounding")
 
 
 # ----------------------------------------------------------------------------- report
@@ -306,6 +323,7 @@ def margins(results):
 
 def summarize(results, binary, seeds, main_commit, total_s):
     fa, missed, errors, overflowed = [], [], [], []
+    noise_aware = [0, 0]  # should-catch by ratio_noise: killed, instances
     by = {}
     for res in results:
         if res.get("error"):
@@ -335,8 +353,12 @@ def summarize(results, binary, seeds, main_commit, total_s):
                 c[0] += 1
             elif r["rc"] == 2:
                 b["refused"] += 1
+            if r.get("class_noise") == "should-catch":
+                noise_aware[1] += 1
+                noise_aware[0] += r["rc"] == 1
             if r["class"] == "should-catch" and r["rc"] == 0:
-                missed.append(f"seed {res['seed']} {r['label']} ratio={r['ratio']:.3g} ({r['ratio_stat']})")
+                rn = f", {r['ratio_noise']:.3g} against the noise level" if "ratio_noise" in r else ""
+                missed.append(f"seed {res['seed']} {r['label']} ratio={r['ratio']:.3g} ({r['ratio_stat']}{rn})")
     lines = [f"# qkmla zoo run", "",
              f"- qkmla binary: `{binary}`",
              f"- checkout commit: `{main_commit}`",
@@ -363,7 +385,12 @@ def summarize(results, binary, seeds, main_commit, total_s):
                       if tot[k][1] else "n/a")
     lines += ["", f"- kill rate, should-catch: {rate('should-catch')}",
               f"- kill rate, 2-10x band: {rate('band')}",
-              f"- rounding-level instances that FAIL: {rate('rounding')}", ""]
+              f"- rounding-level instances that FAIL: {rate('rounding')}"]
+    if noise_aware[1]:
+        lines += [f"- kill rate, should-catch with sys_global measured against the correct styles' "
+                  f"noise level too (ratio_noise): {noise_aware[0]}/{noise_aware[1]} = "
+                  f"{100 * noise_aware[0] / noise_aware[1]:.1f} %"]
+    lines += [""]
     if fa:
         lines += ["## False alarm list", ""] + [f"- {x}" for x in fa[:200]] + [""]
     if overflowed:
