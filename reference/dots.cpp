@@ -274,6 +274,12 @@ int64_t whole_product_bytes(const Case& k) {
          ExactProduct::kLevels * 8;
 }
 
+int64_t whole_product_bytes(const MlaConfig& c) {  // w_uk [r, G d_c], w_uv [r, G d_v]
+  int64_t tokens = 0;
+  for (int t : c.seqlens) tokens += t;
+  return tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
+}
+
 Dots exact_dots(const Case& k, int64_t whole_bytes, int threads) {
   if (whole_bytes < 0) {
     const char* env = std::getenv("QKMLA_WHOLE_PRODUCTS_MIB");

@@ -145,5 +145,6 @@ class Dots {
 Dots exact_dots(const Case& k, int64_t whole_bytes = -1, int threads = 1);
 // The bytes of a case's products formed whole, at most (every entry's kLevels inline terms).
 int64_t whole_product_bytes(const Case& k);
+int64_t whole_product_bytes(const MlaConfig& c);  // the same from the shape alone
 
 }  // namespace qkmla::ref

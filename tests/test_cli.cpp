@@ -573,8 +573,8 @@ TEST_CASE("cli.resource_limits_refused_with_what_would_fit") {
 // The memory model (harness/resources.cpp) against the peak RSS of one child (wait4's rusage): it
 // must not underestimate, and stay within 3x (a model that says 100x would refuse what fits).
 // The model is of the Release build's memory; AddressSanitizer's shadow and redzones triple it.
-// --estimate-memory prints the model's estimate (the sum over the profiles held at once, or the
-// largest profile at the largest of --contexts) and runs nothing.
+// --estimate-memory prints the model's estimate (the profiles held at once with the exact products
+// of one wave of truths, or the largest profile at the largest of --contexts) and runs nothing.
 TEST_CASE("cli.report.estimate_memory_prints_the_model") {
   qkmla::MlaConfig c = qkmla::config_for(qkmla::find_preset("paper-decode"), 1);
   c.seqlens.assign(1, 300000), c.profile = qkmla::Profile::BF16;
@@ -593,6 +593,25 @@ TEST_CASE("cli.report.estimate_memory_prints_the_model") {
   const Run ctx = run("report --profile bf16 --contexts 4096,300000 --estimate-memory");
   CHECK(ctx.code == 0);
   CHECK(bytes_in(ctx.out) == doctest::Approx(qkmla::case_peak_bytes(c)).epsilon(1e-9));
+  // The default report: five profiles whose truths run in waves of 2, 2 and 1, so only two
+  // profiles' exact products count (P each): 5 case_peak_bytes - 3 P. P from the model itself:
+  // a third case adds its bytes but its products (a wave of its own).
+  c.seqlens.assign(1, 4096);
+  std::vector<qkmla::MlaConfig> five;
+  for (auto p : {qkmla::Profile::FP64, qkmla::Profile::FP32, qkmla::Profile::BF16,
+                 qkmla::Profile::FP16, qkmla::Profile::FP8})
+    five.push_back(c), five.back().profile = p;
+  const Run dflt = run("report --estimate-memory");
+  CHECK(dflt.code == 0);
+  CHECK(bytes_in(dflt.out) == doctest::Approx(qkmla::report_peak_bytes(five, 2)).epsilon(1e-9));
+  const double single = qkmla::case_peak_bytes(c);
+  const std::vector<qkmla::MlaConfig> pair(2, c), triple(3, c);
+  const double products =
+      single - (qkmla::report_peak_bytes(triple, 2) - qkmla::report_peak_bytes(pair, 2));
+  CHECK(products > 0.5 * single);  // the products dominate a 4096-token case
+  CHECK(qkmla::report_peak_bytes(pair, 2) == doctest::Approx(2 * single).epsilon(1e-12));
+  CHECK(qkmla::report_peak_bytes(five, 2) ==
+        doctest::Approx(5 * single - 3 * products).epsilon(1e-9));
 }
 
 TEST_CASE("cli.resource_model_bounds_the_measured_peak"

@@ -142,6 +142,21 @@ TEST_CASE("harness.registry.converge_runs_every_converge_implementation") {
   CHECK(ids.size() >= 8);  // explicit, absorbed + 4 variants, 2 mutants
 }
 
+// The wave plan compute_truths follows (and the report's memory estimate with it): a wave takes the
+// next case while it has fewer cases than threads or its products stay within the bytes.
+TEST_CASE("harness.truth.plan_waves") {
+  using Waves = std::vector<std::vector<size_t>>;
+  const int64_t mib = int64_t(1) << 20, wave = 600 * mib;
+  const std::vector<int64_t> report(5, 537 * mib);  // the default report's five profiles
+  CHECK(qkmla::plan_waves(report, 2, wave) == Waves{{0, 1}, {2, 3}, {4}});
+  CHECK(qkmla::plan_waves(report, 1, wave) == Waves{{0}, {1}, {2}, {3}, {4}});
+  CHECK(qkmla::plan_waves(report, 2, 0) == Waves{{0, 1}, {2, 3}, {4}});
+  const std::vector<int64_t> small(4, mib);  // a gate's small cases: one wave
+  CHECK(qkmla::plan_waves(small, 2, wave) == Waves{{0, 1, 2, 3}});
+  CHECK(qkmla::plan_waves({0, 700 * mib, 0}, 1, wave) == Waves{{0}, {1}, {2}});
+  CHECK(qkmla::plan_waves({}, 2, wave).empty());
+}
+
 // compute_truths in waves (each wave's products released before the next wave forms its own, into
 // the same arrays) gives every case the bits one wave gives: four cases of three profiles and two
 // norms, one of them kernel level (no products), waves of one case (wave_bytes 0, one thread)

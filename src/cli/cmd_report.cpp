@@ -48,9 +48,8 @@ struct ReportFlags {
 };
 
 // --estimate-memory: the memory model's estimate for the cases held at once, and what is available.
-int print_estimate(const std::vector<MlaConfig>& at_once, const std::string& what) {
-  double need = 0;
-  for (const MlaConfig& c : at_once) need += case_peak_bytes(c);
+int print_estimate(const std::vector<MlaConfig>& at_once, int threads, const std::string& what) {
+  const double need = report_peak_bytes(at_once, threads);
   std::string source;
   const double have = available_bytes(&source);
   std::cout << fmt::format("{}: estimated peak {:.0f} bytes ({}); available {} ({})\n", what, need,
@@ -73,7 +72,8 @@ int run_contexts(const ReportFlags& f, ReportOptions opts, const std::string& co
     const auto worst = std::max_element(each.begin(), each.end(), [](const auto& a, const auto& b) {
       return case_peak_bytes(a) < case_peak_bytes(b);
     });
-    return print_estimate({*worst}, fmt::format("--contexts up to {} tokens", contexts.back()));
+    return print_estimate({*worst}, f.threads,
+                          fmt::format("--contexts up to {} tokens", contexts.back()));
   }
   require_memory({largest}, fmt::format("--contexts up to {} tokens", contexts.back()),
                  "smaller --contexts (each context runs one profile at a time)");
@@ -161,14 +161,15 @@ Runner add_report(CLI::App& app, const std::string& command_line) {
     if (!f->contexts.empty()) return run_contexts(*f, opts, command_line);
     if (isatty(2))
       opts.progress = [](const std::string& s) { std::cerr << "[qkmla] " << s << "\n"; };
-    std::vector<MlaConfig> at_once;  // the report holds every profile's case and truth at once
+    std::vector<MlaConfig> at_once;  // the report holds every profile's case at once
     for (Profile p : opts.profiles) at_once.push_back(opts.cfg), at_once.back().profile = p;
-    if (f->estimate) return print_estimate(at_once, "this report");
-    require_memory(at_once, "this report",
-                   at_once.size() > 1 ? "--profile (one profile at a time: " +
-                                            human_bytes(case_peak_bytes(opts.cfg)) +
-                                            "), a shorter --seqlen or fewer --batch sequences"
-                                      : "a shorter --seqlen or fewer --batch sequences");
+    if (f->estimate) return print_estimate(at_once, opts.threads, "this report");
+    require_report_memory(
+        at_once, opts.threads, "this report",
+        at_once.size() > 1
+            ? "--profile (one profile at a time: " + human_bytes(case_peak_bytes(opts.cfg)) +
+                  "), a shorter --seqlen or fewer --batch sequences"
+            : "a shorter --seqlen or fewer --batch sequences");
     const Report r = run_report(opts);
     const std::string how = provenance(command_line, opts.threads);
     const std::vector<std::string> svgs = charts(r, f->plot, f->format == "html");

@@ -7,6 +7,9 @@
 #include <fstream>
 #include <limits>
 
+#include "harness/truth.hpp"
+#include "reference/dots.hpp"
+
 namespace qkmla {
 
 // Fitted on peak RSS (GNU time) of one-profile `qkmla report` runs on this machine at commit
@@ -25,12 +28,24 @@ namespace qkmla {
 // see reports/memory-model.md. The constant was 64 MB; a run with no work peaks at 9 MB and the
 // tiny batch 60 x 512 shape at 62 MB (b6b309c and later): 32 MB keeps that shape's estimate within
 // the 3x the tests check, with every held-out shape still bounded (reports/memory-model.md).
-double case_peak_bytes(const MlaConfig& c) {
-  const double tokens = double(c.batch) * double(c.max_seqlen() + 2);  // + 2 rows of padding
-  const double elems = double(c.groups) * double(c.d_c + c.d_v);       // key/value per token
+namespace {
+
+double padded_tokens(const MlaConfig& c) { return double(c.batch) * double(c.max_seqlen() + 2); }
+
+// The exact products' share of case_peak_bytes.
+double product_peak_bytes(const MlaConfig& c) {
+  const double tokens = padded_tokens(c);
+  const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
   const double whole = tokens * elems * 32.0;
-  const double products =
-      whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+  return whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+}
+
+}  // namespace
+
+double case_peak_bytes(const MlaConfig& c) {
+  const double tokens = padded_tokens(c);
+  const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
+  const double products = product_peak_bytes(c);
   const double per_token =
       16.0 * (c.latent_rank + c.d_r) + 16.0 * (c.d_c + c.d_r + c.d_v) + 32.0 * c.groups;
   const double weights = double(c.latent_rank) * elems;
@@ -38,6 +53,22 @@ double case_peak_bytes(const MlaConfig& c) {
   return 32e6 + 28.0 * weights + products + tokens * per_token +
          rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) +
          rows * tokens / std::max(1, c.batch) * 120.0;
+}
+
+double report_peak_bytes(const std::vector<MlaConfig>& at_once, int threads) {
+  std::vector<int64_t> bytes;
+  double need = 0;
+  for (const MlaConfig& c : at_once) {
+    need += case_peak_bytes(c) - product_peak_bytes(c);
+    bytes.push_back(c.level == Level::Module ? ref::whole_product_bytes(c) : 0);
+  }
+  double wave_peak = 0;
+  for (const std::vector<size_t>& wave : plan_waves(bytes, threads, TruthOptions{}.wave_bytes)) {
+    double sum = 0;
+    for (size_t i : wave) sum += product_peak_bytes(at_once[i]);
+    wave_peak = std::max(wave_peak, sum);
+  }
+  return need + wave_peak;
 }
 
 double reference_peak_bytes(const MlaConfig& c) {
@@ -121,6 +152,23 @@ std::string human_bytes(double b) {
   return fmt::format("{:.3g} MB", b / 1e6);
 }
 
+namespace {
+
+void require_bytes(double need, size_t cases, double largest, const std::string& what,
+                   const std::string& reduce) {
+  std::string source;
+  const double have = available_bytes(&source);
+  if (need <= 0.9 * have) return;
+  std::string per;
+  if (cases > 1)
+    per = fmt::format(" ({} cases at once, the largest {})", cases, human_bytes(largest));
+  throw ResourceError(fmt::format(
+      "{} needs about {} of memory{}, more than the {} available ({}); reduce it with {}", what,
+      human_bytes(need), per, human_bytes(have), source, reduce));
+}
+
+}  // namespace
+
 void require_memory(const std::vector<MlaConfig>& at_once, const std::string& what,
                     const std::string& reduce, double (*model)(const MlaConfig&)) {
   double need = 0, largest = 0;
@@ -128,15 +176,14 @@ void require_memory(const std::vector<MlaConfig>& at_once, const std::string& wh
     const double b = model(c);
     need += b, largest = std::max(largest, b);
   }
-  std::string source;
-  const double have = available_bytes(&source);
-  if (need <= 0.9 * have) return;
-  std::string per;
-  if (at_once.size() > 1)
-    per = fmt::format(" ({} cases at once, the largest {})", at_once.size(), human_bytes(largest));
-  throw ResourceError(fmt::format(
-      "{} needs about {} of memory{}, more than the {} available ({}); reduce it with {}", what,
-      human_bytes(need), per, human_bytes(have), source, reduce));
+  require_bytes(need, at_once.size(), largest, what, reduce);
+}
+
+void require_report_memory(const std::vector<MlaConfig>& at_once, int threads,
+                           const std::string& what, const std::string& reduce) {
+  double largest = 0;
+  for (const MlaConfig& c : at_once) largest = std::max(largest, case_peak_bytes(c));
+  require_bytes(report_peak_bytes(at_once, threads), at_once.size(), largest, what, reduce);
 }
 
 }  // namespace qkmla

@@ -20,6 +20,11 @@ struct ResourceError : std::runtime_error {
 // logits), validated on held-out shapes by reports/memory_model.sh.
 double case_peak_bytes(const MlaConfig& c);
 
+// Peak bytes of a report of the cases `at_once` (its profiles) on `threads` threads: each case's
+// case_peak_bytes but for its exact products, plus the products of the largest wave the truths run
+// in (compute_truths, harness/truth.hpp): one wave's products are alive at a time.
+double report_peak_bytes(const std::vector<MlaConfig>& at_once, int threads);
+
 // Peak bytes of the truth alone (`qkmla reference`), which streams: the case as doubles, each
 // run's logits (one MPFR value of ~64 B per visible row x token), the cached product blocks; 2x
 // margin on the logits.
@@ -43,6 +48,9 @@ double available_bytes(std::string* source);
 // less (e.g. "--profile one at a time, a shorter --seqlen or a smaller --batch").
 void require_memory(const std::vector<MlaConfig>& at_once, const std::string& what,
                     const std::string& reduce, double (*model)(const MlaConfig&) = case_peak_bytes);
+// The same for a report (report_peak_bytes).
+void require_report_memory(const std::vector<MlaConfig>& at_once, int threads,
+                           const std::string& what, const std::string& reduce);
 
 std::string human_bytes(double b);  // "5.3 GB"
 

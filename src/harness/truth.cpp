@@ -114,24 +114,30 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
 
 }  // namespace
 
+std::vector<std::vector<size_t>> plan_waves(const std::vector<int64_t>& product_bytes, int threads,
+                                            int64_t wave_bytes) {
+  std::vector<std::vector<size_t>> waves;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < product_bytes.size(); ++i) {
+    if (waves.empty() ||
+        (int(waves.back().size()) >= threads && bytes + product_bytes[i] > wave_bytes))
+      waves.emplace_back(), bytes = 0;
+    waves.back().push_back(i), bytes += product_bytes[i];
+  }
+  return waves;
+}
+
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra) {
   std::vector<Truth> truths(cases.size());
   Fillers fillers(extra);  // the caller's work, on threads a phase would leave idle
   // Cases in waves (TruthOptions::wave_bytes), in order. The default report held all five
   // profiles' products at once (2.1 GB); waves of two cost the gate 13 % of its time.
-  std::vector<size_t> wave;
-  int64_t bytes = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const int64_t b =
-        cases[i]->cfg.level == Level::Module ? ref::whole_product_bytes(*cases[i]) : 0;
-    if (int(wave.size()) >= o.threads && bytes + b > o.wave_bytes) {
-      run_wave(cases, wave, o, truths, fillers);
-      wave.clear(), bytes = 0;
-    }
-    wave.push_back(i), bytes += b;
-  }
-  if (!wave.empty()) run_wave(cases, wave, o, truths, fillers);
+  std::vector<int64_t> bytes;
+  for (const Case* k : cases)
+    bytes.push_back(k->cfg.level == Level::Module ? ref::whole_product_bytes(*k) : 0);
+  for (const std::vector<size_t>& wave : plan_waves(bytes, o.threads, o.wave_bytes))
+    run_wave(cases, wave, o, truths, fillers);
   ref::drain_term_pool();
   // Streamed products: ref.explicit and its check take turns on each block, which is then formed
   // once for both (ref_explicit_pair). The fillers left run beside them on one more thread (their

@@ -52,6 +52,11 @@ struct Truth {
 // cases.
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra = {});
+// The waves compute_truths runs cases in (indices, in order), from each case's product bytes
+// (ref::whole_product_bytes at module level, 0 at kernel level): a wave takes the next case while
+// it has fewer than `threads` cases or the sum stays within `wave_bytes`.
+std::vector<std::vector<size_t>> plan_waves(const std::vector<int64_t>& product_bytes, int threads,
+                                            int64_t wave_bytes);
 Truth compute_truth(const Case& k, const TruthOptions& o,
                     const std::vector<std::function<void()>>& extra = {});
 
