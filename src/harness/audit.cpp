@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "harness/logit_noise.hpp"
 #include "harness/yardstick.hpp"
 #include "io/safetensors.hpp"
 
@@ -190,6 +191,34 @@ StructureCheck ill_rows_check(const Yardstick& ys, const std::string& t, const T
   return c;
 }
 
+// The ill-conditioned rows of t once more: the part of each one's error outside the span its near
+// tie moves it in (Yardstick::ill_basis), which a stored logit's rounding does not reach, against
+// the largest of the draws' and samples' residuals there and of their worst ordinary row (that
+// part is rounding of the values and the output, as on any row).
+StructureCheck ill_residual_check(const Yardstick& ys, const std::string& t, const Tensor& x,
+                                  const Tensor& y, const std::vector<bool>& valid, double floor,
+                                  double k) {
+  StructureCheck c{"ill_residual", 0, 0, 0, true, ""};
+  const std::vector<bool>& ill = ys.ill.at(t);
+  const std::vector<double>& res = ys.ill_residual.at(t);
+  const std::map<size_t, std::vector<std::vector<double>>>& bases = ys.ill_basis.at(t);
+  const size_t worst_row = 0;  // structure_names()[0]
+  double a = std::max(floor, ys.structure_max(t, worst_row));
+  for (double v : res) a = std::max(a, v);
+  size_t dims = 0;
+  for (const auto& [r, basis] : bases) {
+    const double e = off_span_residual(basis, x, y, valid, r);
+    dims = std::max(dims, basis.size());
+    if (!(e / a <= c.ratio)) c.value = e, c.yardstick = a, c.ratio = e / a;
+  }
+  c.pass = c.ratio <= k;
+  c.note = fmt::format(
+      "each ill-conditioned row's error outside the span of its reference and the directions its "
+      "draws move it along (at most {} of {}), as a near tie leaves it",
+      dims, y.shape[3]);
+  return c;
+}
+
 }  // namespace
 
 AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
@@ -284,8 +313,10 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
       a.structure = structure_checks(ys, name, x, *in.y, in.mask,
                                      name == "lse" ? lse_abs_floor(cf.k) : std::vector<double>{},
                                      in.floor, k, o.rule.projection_k, accumulate_dtype(c.profile));
-      if (ys.ill.count(name))
+      if (ys.ill.count(name)) {
         a.structure.push_back(ill_rows_check(ys, name, x, *in.y, masks[name], in.floor, k));
+        a.structure.push_back(ill_residual_check(ys, name, x, *in.y, masks[name], in.floor, k));
+      }
       for (const StructureCheck& s : a.structure)
         if (!s.pass) {
           a.j.v.pass = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "impl/attention_core.hpp"
 #include "metrics/structure.hpp"
@@ -18,6 +19,64 @@ constexpr int kDraws = 8;
 // A row whose noise level is this many times the median row's is ill-conditioned (a near tie of
 // two stored logits: zoo 100326's row was 10 % off, the rest of its rows ~0.1 %).
 constexpr double kIllRow = 10;
+
+// e minus its projection on `basis` (orthonormal), twice over (Gram-Schmidt's second pass keeps
+// what cancellation in the first leaves), in place.
+void project_out(const std::vector<std::vector<double>>& basis, std::vector<double>& e) {
+  for (int pass = 0; pass < 2; ++pass)
+    for (const std::vector<double>& b : basis) {
+      long double dot = 0;
+      for (size_t i = 0; i < e.size(); ++i) dot += (long double)e[i] * b[i];
+      for (size_t i = 0; i < e.size(); ++i) e[i] -= double(dot) * b[i];
+    }
+}
+
+double norm(const std::vector<double>& v) {
+  long double s = 0;
+  for (double x : v) s += (long double)x * x;
+  return double(std::sqrt(s));
+}
+
+// Row r of a [.., w] tensor, non-finite entries as 0.
+std::vector<double> row_of(const Tensor& x, size_t r, int64_t w) {
+  std::vector<double> v(static_cast<size_t>(w));
+  for (int64_t j = 0; j < w; ++j) {
+    const double e = x[int64_t(r) * w + j];
+    v[size_t(j)] = std::isfinite(e) ? e : 0.0;
+  }
+  return v;
+}
+
+// The basis of ill-conditioned row r (Yardstick::ill_basis): the reference row, then each draw's
+// change of the row as far as it leaves the span so far by more than `floor` (the median row's
+// noise level times |y_r|: a direction the draws move the row along as much as they move an
+// ordinary row at all; a lower floor only takes noise directions too).
+std::vector<std::vector<double>> tie_basis(const Changes& ch, const std::string& t,
+                                           const Tensor& ref, size_t r, double median) {
+  const int64_t w = ref.shape[3];
+  std::vector<std::vector<double>> basis;
+  auto add = [&](std::vector<double> v, double floor) {
+    if (int64_t(basis.size()) >= w) return;
+    project_out(basis, v);
+    const double n = norm(v);
+    if (!(n > floor)) return;
+    for (double& x : v) x /= n;
+    basis.push_back(std::move(v));
+  };
+  const std::vector<double> y = row_of(ref, r, w);
+  add(y, 0.0);
+  const double floor = std::max(median, 1e-300) * norm(y);
+  for (const auto& [n, per_t] : ch)
+    if (per_t.count(t))
+      for (const Tensor& d : per_t.at(t)) add(row_of(d, r, w), floor);
+  return basis;
+}
+
+double residual(const std::vector<std::vector<double>>& basis, std::vector<double> e, double ny) {
+  if (!(ny > 0)) return 0.0;
+  project_out(basis, e);
+  return norm(e) / ny;
+}
 
 // A dithered draw on this thread while in scope (impl/attention_core.hpp LogitDither).
 struct DitherScope {
@@ -98,6 +157,19 @@ void mark_ill_rows(const Changes& ch, const TruthOf& truth,
       masks[t].assign(ill.size(), true);
       for (size_t i = 0; i < ill.size(); ++i) masks[t][i] = !ill[i];
     }
+    const Tensor& ref = *truth(t);
+    std::vector<double>& res = y.ill_residual[t];
+    res.assign(l.size(), 0.0);
+    for (size_t r = 0; r < l.size(); ++r) {
+      if (!ill[r * size_t(w)]) continue;
+      std::vector<std::vector<double>>& basis = y.ill_basis[t][r];
+      basis = tie_basis(ch, t, ref, r, median);
+      const double ny = norm(row_of(ref, r, w));
+      for (const auto& [n, per_t] : ch)  // what the draws leave outside the span
+        if (per_t.count(t))
+          for (const Tensor& d : per_t.at(t))
+            res[r] = std::max(res[r], residual(basis, row_of(d, r, w), ny));
+    }
     y.ill[t] = std::move(ill);
     y.ill_allowance[t] = std::move(l);
   }
@@ -159,7 +231,23 @@ void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& 
       if (std::isfinite(x[i]) && std::isfinite(ref[i]))
         dd += (long double)(x[i] - ref[i]) * (x[i] - ref[i]), yy += (long double)ref[i] * ref[i];
     if (yy > 0) a[r] = std::max(a[r], double(std::sqrt(dd / yy)));
+    std::vector<double>& res = y.ill_residual[t];
+    res[r] = std::max(res[r], off_span_residual(y.ill_basis[t][r], x, ref, {}, r));
   }
+}
+
+double off_span_residual(const std::vector<std::vector<double>>& basis, const Tensor& x,
+                         const Tensor& y, const std::vector<bool>& valid, size_t r) {
+  const int64_t w = y.shape[3];
+  std::vector<double> e(size_t(w), 0.0);
+  long double yy = 0;
+  for (int64_t j = 0; j < w; ++j) {
+    const int64_t i = int64_t(r) * w + j;
+    if ((!valid.empty() && !valid[size_t(i)]) || !std::isfinite(y[i])) continue;
+    if (!std::isfinite(x[i])) return std::numeric_limits<double>::infinity();
+    e[size_t(j)] = x[i] - y[i], yy += (long double)y[i] * y[i];
+  }
+  return residual(basis, std::move(e), double(std::sqrt(yy)));
 }
 
 }  // namespace qkmla

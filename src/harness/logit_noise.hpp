@@ -39,7 +39,14 @@ void noise_levels(const Changes& ch, const TruthOf& truth,
                   std::map<std::string, std::vector<bool>>& masks,
                   const std::vector<double>& lse_floor, Yardstick& y);
 
-// y.ill_allowance of tensor t widened to sample x's rel_l2 on each ill-conditioned row.
+// y.ill_allowance of tensor t widened to sample x's rel_l2 on each ill-conditioned row, and
+// y.ill_residual to its residual there.
 void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& t, Yardstick& y);
+
+// The residual of row r of x against the reference y: |e - P e| / |y_r| for e = x_r - y_r and P
+// the projection on `basis` (orthonormal rows of length w); positions not in `valid` (when
+// non-empty) count as no error, a non-finite x as an infinite one. 0 when y_r is all zero.
+double off_span_residual(const std::vector<std::vector<double>>& basis, const Tensor& x,
+                         const Tensor& y, const std::vector<bool>& valid, size_t r);
 
 }  // namespace qkmla

@@ -102,6 +102,14 @@ struct Yardstick {
   // rel_l2 over the samples.
   std::map<std::string, std::vector<bool>> ill;
   std::map<std::string, std::vector<double>> ill_allowance;
+  // Per tensor and ill-conditioned row: an orthonormal basis ([m][w]) of the reference row (a row
+  // scale) and of the directions the draws move the row along. A near tie moves the output within
+  // the span of its tied tokens' values; a wrong value, scale or head moves it out of that span
+  // (zoo seed 102733: fp8-block128's first block scale on the whole row, 153 % on rows whose
+  // draws move them 95 %). ill_residual: per row, the largest rel_l2 left after projecting the
+  // span out, over the draws and the samples (0 elsewhere).
+  std::map<std::string, std::map<size_t, std::vector<std::vector<double>>>> ill_basis;
+  std::map<std::string, std::vector<double>> ill_residual;
   // `valid` without tensor t's ill-conditioned rows.
   std::vector<bool> mask(const std::string& t, std::vector<bool> valid) const;
   // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: seven
