@@ -58,7 +58,7 @@ def main():
     os.makedirs(a.work_dir, exist_ok=True)
     presets_text = run_zoo.list_presets(binary)
     counts = {s: [0, 0] for s in styles}  # audits, false alarms
-    alarms, worst = [], {}
+    alarms, worst, by_stat = [], {}, {}
     t0 = time.time()
     for seed in seeds:
         spec = spec_of(seed, presets_text, profiles)
@@ -82,6 +82,10 @@ def main():
                         default=0.0)
             if ratio > worst.get(style, (0, 0))[0]:
                 worst[style] = (ratio, seed)
+            for t, st in r["judged"].items():
+                for s, v in st.items():
+                    if v is not None and v > by_stat.get(s, (0, ""))[0]:
+                        by_stat[s] = (v, f"seed {seed} {style} {t}")
             if r["rc"] != 0:
                 counts[style][1] += 1
                 alarms.append(f"seed {seed} {style} ({spec['preset']}, {spec['profile']}, "
@@ -95,6 +99,9 @@ def main():
     for s in styles:
         w = worst.get(s, (0.0, "-"))
         lines.append(f"| {s} | {counts[s][0]} | {counts[s][1]} | {w[0]:.2f} ({w[1]}) |")
+    lines += ["", "## Largest ratio by statistic", "", "| statistic | largest ratio | where |",
+              "|---|---:|---|"]
+    lines += [f"| {s} | {v:.3g} | {w} |" for s, (v, w) in sorted(by_stat.items())]
     lines += ["", "## False alarms", ""] + [f"- {x}" for x in alarms or ["none"]]
     text = "\n".join(lines) + "\n"
     if a.markdown:
