@@ -43,8 +43,8 @@ done
   echo
   echo "Made by \`bash reports/memory_model.sh\` at commit $commit, $(date -u '+%Y-%m-%d %H:%M UTC'),"
   echo "$(nproc) cores, CPU only, 2 threads. Peak RSS by GNU time (\`%M\`, KiB x 1024); estimate by"
-  echo "\`qkmla report ... --estimate-memory\` (\`case_peak_bytes\` summed over the profiles held at"
-  echo "once). None of these shapes was used to fit the model (the fit's shapes are listed in"
+  echo "\`qkmla report ... --estimate-memory\` (\`report_peak_bytes\`: every profile's"
+  echo "\`case_peak_bytes\`, the exact products of one wave of truths only). None of these shapes was used to fit the model (the fit's shapes are listed in"
   echo "\`src/harness/resources.cpp\`)."
   echo
   echo "| flags of \`qkmla report\` | wall s | peak MB | estimate MB | estimate / peak |"
