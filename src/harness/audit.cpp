@@ -199,7 +199,6 @@ StructureCheck ill_residual_check(const Yardstick& ys, const std::string& t, con
                                   const Tensor& y, const std::vector<bool>& valid, double floor,
                                   double k) {
   StructureCheck c{"ill_residual", 0, 0, 0, true, ""};
-  const std::vector<bool>& ill = ys.ill.at(t);
   const std::vector<double>& res = ys.ill_residual.at(t);
   const std::map<size_t, std::vector<std::vector<double>>>& bases = ys.ill_basis.at(t);
   const size_t worst_row = 0;  // structure_names()[0]

@@ -232,19 +232,23 @@ void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& 
         dd += (long double)(x[i] - ref[i]) * (x[i] - ref[i]), yy += (long double)ref[i] * ref[i];
     if (yy > 0) a[r] = std::max(a[r], double(std::sqrt(dd / yy)));
     std::vector<double>& res = y.ill_residual[t];
-    res[r] = std::max(res[r], off_span_residual(y.ill_basis[t][r], x, ref, {}, r));
+    res[r] = std::max(res[r], off_span_residual(y.ill_basis[t][r], x, ref, {}, r, true));
   }
 }
 
 double off_span_residual(const std::vector<std::vector<double>>& basis, const Tensor& x,
-                         const Tensor& y, const std::vector<bool>& valid, size_t r) {
+                         const Tensor& y, const std::vector<bool>& valid, size_t r,
+                         bool skip_nonfinite) {
   const int64_t w = y.shape[3];
   std::vector<double> e(size_t(w), 0.0);
   long double yy = 0;
   for (int64_t j = 0; j < w; ++j) {
     const int64_t i = int64_t(r) * w + j;
     if ((!valid.empty() && !valid[size_t(i)]) || !std::isfinite(y[i])) continue;
-    if (!std::isfinite(x[i])) return std::numeric_limits<double>::infinity();
+    if (!std::isfinite(x[i])) {
+      if (skip_nonfinite) continue;
+      return std::numeric_limits<double>::infinity();
+    }
     e[size_t(j)] = x[i] - y[i], yy += (long double)y[i] * y[i];
   }
   return residual(basis, std::move(e), double(std::sqrt(yy)));

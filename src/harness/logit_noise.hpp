@@ -45,8 +45,10 @@ void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& 
 
 // The residual of row r of x against the reference y: |e - P e| / |y_r| for e = x_r - y_r and P
 // the projection on `basis` (orthonormal rows of length w); positions not in `valid` (when
-// non-empty) count as no error, a non-finite x as an infinite one. 0 when y_r is all zero.
+// non-empty) count as no error, a non-finite x as an infinite one (as no error where
+// `skip_nonfinite`: a sample's, as widen_ill_allowance measures rel_l2). 0 when y_r is all zero.
 double off_span_residual(const std::vector<std::vector<double>>& basis, const Tensor& x,
-                         const Tensor& y, const std::vector<bool>& valid, size_t r);
+                         const Tensor& y, const std::vector<bool>& valid, size_t r,
+                         bool skip_nonfinite = false);
 
 }  // namespace qkmla

@@ -12,6 +12,20 @@
 
 namespace qkmla {
 
+namespace {
+
+double padded_tokens(const MlaConfig& c) { return double(c.batch) * double(c.max_seqlen() + 2); }
+
+// The exact products' share of case_peak_bytes.
+double product_peak_bytes(const MlaConfig& c) {
+  const double tokens = padded_tokens(c);
+  const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
+  const double whole = tokens * elems * 32.0;
+  return whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+}
+
+}  // namespace
+
 // Fitted on peak RSS (GNU time) of one-profile `qkmla report` runs on this machine at commit
 // 2666b22 (every CPU implementation and ref.absorbed streaming or caching one key group at a
 // time), bf16 unless named; measured / this estimate:
@@ -28,20 +42,6 @@ namespace qkmla {
 // see reports/memory-model.md. The constant was 64 MB; a run with no work peaks at 9 MB and the
 // tiny batch 60 x 512 shape at 62 MB (b6b309c and later): 32 MB keeps that shape's estimate within
 // the 3x the tests check, with every held-out shape still bounded (reports/memory-model.md).
-namespace {
-
-double padded_tokens(const MlaConfig& c) { return double(c.batch) * double(c.max_seqlen() + 2); }
-
-// The exact products' share of case_peak_bytes.
-double product_peak_bytes(const MlaConfig& c) {
-  const double tokens = padded_tokens(c);
-  const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
-  const double whole = tokens * elems * 32.0;
-  return whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
-}
-
-}  // namespace
-
 double case_peak_bytes(const MlaConfig& c) {
   const double tokens = padded_tokens(c);
   const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
