@@ -267,18 +267,13 @@ std::string Dots::method() const {
   return out;
 }
 
-int64_t whole_product_bytes(const Case& k) {
-  int64_t tokens = 0;
-  for (int t : k.cfg.seqlens) tokens += t;
-  return tokens * (weights(k, Dots::Which::K0c).shape[1] + weights(k, Dots::Which::V).shape[1]) *
-         ExactProduct::kLevels * 8;
-}
-
 int64_t whole_product_bytes(const MlaConfig& c) {  // w_uk [r, G d_c], w_uv [r, G d_v]
   int64_t tokens = 0;
   for (int t : c.seqlens) tokens += t;
   return tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
 }
+
+int64_t whole_product_bytes(const Case& k) { return whole_product_bytes(k.cfg); }
 
 Dots exact_dots(const Case& k, int64_t whole_bytes, int threads) {
   if (whole_bytes < 0) {
