@@ -124,6 +124,29 @@ def case_spec(seed, presets_text, has_level):
     return spec
 
 
+# --long: the shapes and contexts real decode runs at (the default specs keep r = 512 cases to 8
+# tokens for time); seeds of this mode are drawn from their own stream, so any range is fresh
+LONG_PRESETS = ("paper-g8", "nope-h10", "paper-decode", "paper-g1", "deepseek-v2-lite")
+
+
+def long_case_spec(seed, presets_text, has_level):
+    """case_spec's norm, scenario, profile, rope, mask and level for the seed, on a model preset
+    (LONG_PRESETS, seed % 5) with 1-2 sequences of 128-2048 cached tokens (0 now and then),
+    S_q 1 (three times in four) or 2, top-k 32-512 where case_spec draws top-k."""
+    spec = case_spec(seed, presets_text, has_level)
+    rng = np.random.default_rng([seed, 2])
+    avail = [p for p in LONG_PRESETS if p in presets_text] or ["paper-g8"]
+    sq = 1 if rng.random() < 0.75 else 2
+    sl = [int(rng.integers(128, 2049)) for _ in range(int(rng.integers(1, 3)))]
+    if len(sl) == 2 and rng.random() < 0.2:
+        sl[int(rng.integers(2))] = 0
+    spec.update(preset=avail[seed % len(avail)], sq=sq, seqlens=sl, long=True)
+    spec.pop("latent_rank", None)
+    if spec.get("topk"):
+        spec["topk"] = int(rng.integers(32, 513))
+    return spec
+
+
 def golden_cmd(binary, spec, path):
     cmd = [binary, "golden", "--preset", spec["preset"], "--norm", spec["norm"],
            "--scenario", spec["scenario"], "--profile", spec["profile"], "--sq", str(spec["sq"]),
@@ -218,9 +241,9 @@ def audit(binary, case, outs, label, extra=()):
 
 
 def run_seed(args_tuple):
-    binary, work, seed, presets_text, has_level, correct_only = args_tuple
+    binary, work, seed, presets_text, has_level, correct_only, long = args_tuple
     t_seed = time.time()
-    spec = case_spec(seed, presets_text, has_level)
+    spec = (long_case_spec if long else case_spec)(seed, presets_text, has_level)
     d = os.path.join(work, f"seed{seed}")
     os.makedirs(d, exist_ok=True)
     case_path = os.path.join(d, "case.safetensors")
@@ -415,6 +438,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--correct-only", action="store_true",
                     help="only the correct styles (a false-alarm sweep; no kill rates)")
+    ap.add_argument("--long", action="store_true",
+                    help="model presets with 128-2048 cached tokens (long_case_spec)")
     a = ap.parse_args()
     seeds = []
     for part in a.seeds.split(","):
@@ -433,8 +458,8 @@ def main():
     presets_text = list_presets(binary)
     has_level = golden_supports_level(binary)
     t0 = time.time()
-    jobs = [(binary, os.path.abspath(a.work_dir), s, presets_text, has_level, a.correct_only)
-            for s in seeds]
+    jobs = [(binary, os.path.abspath(a.work_dir), s, presets_text, has_level, a.correct_only,
+             a.long) for s in seeds]
     results = []
 
     def progress(res):
