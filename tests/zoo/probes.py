@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Structured probes: the reference's own outputs, packaged or perturbed the way a probe suite
+would, audited on model-shaped cases.
+
+    probes.py QKMLA_BINARY WORK_DIR --seeds A-B [--markdown FILE] [--profiles bf16,fp16,...]
+
+For each seed a case is drawn as `run_zoo.py --long` draws it (model preset, 128-2048 cached
+tokens; the profile is taken in turn from --profiles), written with `qkmla golden`, and its
+reference outputs are delivered as:
+
+| probe | what | expected |
+|---|---|---|
+| ref_in_D | out, latent_out rounded to the stored dtype D, lse in fp32 | PASS |
+| ref_D_as_f32 | the same values widened to F32 (what `.float()` gives) | PASS |
+| ref_f32 | out, latent_out rounded straight to fp32 | PASS |
+| ref_D_as_f64 | the rounded values widened to F64 | PASS |
+| noise_1ulp | ref_in_D with one ulp of D added or subtracted at random per element | PASS |
+| scale_1pct | out and latent_out times 1.01 | FAIL |
+| head_scale_10pct | one head's out and latent_out times 1.10 | FAIL |
+| heads_swapped | two heads' out, latent_out and lse swapped | FAIL |
+| seq_swapped | two sequences' out, latent_out and lse swapped (batch >= 2, both live) | FAIL |
+| row_zeroed | one live row of out and latent_out set to zero | FAIL |
+| lse_shift_seq | one sequence's lse + 0.25 | FAIL |
+| denominator_D | every row times (1 + d), d uniform in +-half an ulp of D at 1 (a row sum rounded to D) | reported |
+| head_scale_1pct | one head times 1.01 | reported |
+
+Exit 1 when a probe's verdict differs from its expectation (a FAIL probe that passes, a PASS probe
+that fails or is refused). "reported" probes are listed with their ratios only: whether they
+should fail depends on how far the case's legitimate designs reach.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run_zoo  # noqa: E402
+from common import BF16, STORED, load, save_outputs  # noqa: E402
+
+OUTPUTS = ("out", "lse", "latent_out")
+ULP_AT_1 = {np.float64: 2.0 ** -52, np.float32: 2.0 ** -23, BF16: 2.0 ** -7, np.float16: 2.0 ** -10}
+
+
+def live_rows(cs):
+    """[B, S_q] mask of the query rows that see at least one token (their reference is finite)."""
+    ref = np.asarray(cs.ref("lse"), dtype=np.float64)
+    return np.all(np.isfinite(ref), axis=2) & (np.asarray(cs.seqlens)[:, None] > 0)
+
+
+def base(cs, dtype):
+    """The reference outputs: out and latent_out in `dtype`, lse in fp32."""
+    outs = {}
+    for k in OUTPUTS:
+        r = cs.ref(k)
+        if r is not None:
+            outs[k] = np.asarray(r, np.float64).astype(np.float32 if k == "lse" else dtype)
+    return outs
+
+
+def perturbed(outs, f):
+    """Applies f(name, float64 array) -> array to every output, rounding back to its dtype."""
+    return {k: np.asarray(f(k, np.asarray(v, np.float64).copy())).astype(v.dtype)
+            for k, v in outs.items()}
+
+
+def probes(cs, rng):
+    D = STORED[cs.profile]
+    live = live_rows(cs)
+    b_live = [b for b in range(cs.B) if live[b].any()]
+    ref = base(cs, D)
+    yield "ref_in_D", "PASS", ref
+    yield "ref_D_as_f32", "PASS", {k: v.astype(np.float32) for k, v in ref.items()}
+    yield "ref_f32", "PASS", base(cs, np.float32)
+    yield "ref_D_as_f64", "PASS", {k: v.astype(np.float64) for k, v in ref.items()}
+    ulp = ULP_AT_1[D]
+
+    def noise(k, x):
+        if k == "lse":
+            return x
+        e = np.floor(np.log2(np.maximum(np.abs(x), 1e-300)))
+        return x + rng.choice([-1.0, 1.0], size=x.shape) * ulp * np.exp2(e)
+    yield "noise_1ulp", "PASS", perturbed(ref, noise)
+    yield "scale_1pct", "FAIL", perturbed(ref, lambda k, x: x if k == "lse" else x * 1.01)
+    h = int(rng.integers(cs.H))
+
+    def head_scale(s):
+        def f(k, x):
+            if k != "lse":
+                x[:, :, h] *= s
+            return x
+        return f
+    yield "head_scale_10pct", "FAIL", perturbed(ref, head_scale(1.10))
+    if cs.H >= 2:
+        h2 = (h + 1 + int(rng.integers(cs.H - 1))) % cs.H
+
+        def swap_heads(k, x):
+            x[:, :, [h, h2]] = x[:, :, [h2, h]]
+            return x
+        yield "heads_swapped", "FAIL", perturbed(ref, swap_heads)
+    if len(b_live) >= 2:
+        b1, b2 = b_live[0], b_live[1]
+
+        def swap_seqs(k, x):
+            x[[b1, b2]] = x[[b2, b1]]
+            return x
+        yield "seq_swapped", "FAIL", perturbed(ref, swap_seqs)
+    rows = np.argwhere(live)
+    if len(rows):
+        b, i = rows[int(rng.integers(len(rows)))]
+
+        def zero_row(k, x):
+            if k != "lse":
+                x[b, i, h] = 0.0
+            return x
+        yield "row_zeroed", "FAIL", perturbed(ref, zero_row)
+    if b_live:
+        bs = b_live[int(rng.integers(len(b_live)))]
+
+        def shift(k, x):
+            if k == "lse":
+                x[bs] += 0.25
+            return x
+        yield "lse_shift_seq", "FAIL", perturbed(ref, shift)
+    d = rng.uniform(-ulp / 2, ulp / 2, size=(cs.B, cs.S, cs.H, 1))
+    yield "denominator_D", "reported", perturbed(ref, lambda k, x: x if k == "lse" else x * (1 + d))
+    yield "head_scale_1pct", "reported", perturbed(ref, head_scale(1.01))
+
+
+def worst(j):
+    """The largest ratio the audit printed and where (tensor.statistic)."""
+    best = (0.0, "")
+    for t in j.get("tensors", []):
+        cands = [("baseline_ratio", t.get("baseline_ratio"))]
+        cands += [(s.get("stat"), s.get("ratio")) for s in t.get("structure", [])]
+        for s, v in cands:
+            if isinstance(v, (int, float)) and v == v and v > best[0]:
+                best = (float(v), f"{t['tensor']}.{s}")
+    return best
+
+
+def run_seed(binary, work, seed, profile, presets_text):
+    spec = run_zoo.long_case_spec(seed, presets_text, False)
+    spec.update(profile=profile, level="module")
+    for k in ("topk", "attn_sink"):
+        spec.pop(k, None)
+    d = os.path.join(work, f"seed{seed}")
+    os.makedirs(d, exist_ok=True)
+    case = os.path.join(d, "case.safetensors")
+    g = subprocess.run(run_zoo.golden_cmd(binary, spec, case), capture_output=True, text=True)
+    if g.returncode != 0:
+        return spec, [("golden", "-", g.returncode, (g.stderr or g.stdout)[-300:], 0.0, "")]
+    cs = load(case)
+    rng = np.random.default_rng([seed, 3])
+    rows = []
+    for name, expect, outs in probes(cs, rng):
+        path = os.path.join(d, f"{name}.safetensors")
+        save_outputs(outs, path)
+        p = subprocess.run([binary, "audit", case, path, "--format", "json", "--label", name],
+                           capture_output=True, text=True)
+        try:
+            j = json.loads(p.stdout)
+        except ValueError:
+            j = {}
+        ratio, where = worst(j)
+        rows.append((name, expect, p.returncode, str(j.get("verdict", p.stderr.strip()[-200:])),
+                     ratio, where))
+    return spec, rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("binary")
+    ap.add_argument("work_dir")
+    ap.add_argument("--seeds", required=True, help="A-B (inclusive)")
+    ap.add_argument("--profiles", default="bf16,fp16,fp32,fp8,fp8-block128")
+    ap.add_argument("--markdown")
+    a = ap.parse_args()
+    lo, _, hi = a.seeds.partition("-")
+    seeds = range(int(lo), int(hi or lo) + 1)
+    profiles = a.profiles.split(",")
+    binary = os.path.abspath(a.binary)
+    presets_text = run_zoo.list_presets(binary)
+    lines = ["# qkmla structured probes", "", f"- binary: `{binary}`", f"- seeds: {a.seeds}", "",
+             "| seed | case | probe | expected | exit | verdict | largest ratio | where |",
+             "|---|---|---|---|---|---|---|---|"]
+    bad = 0
+    for s in seeds:
+        spec, rows = run_seed(binary, a.work_dir, s, profiles[s % len(profiles)], presets_text)
+        what = (f"{spec['preset']} {spec['profile']} {spec['norm']} {spec['scenario']} "
+                f"sq={spec['sq']} seqlens={spec['seqlens']}")
+        for name, expect, rc, verdict, ratio, where in rows:
+            wrong = ((expect == "PASS" and rc != 0) or (expect == "FAIL" and rc != 1)
+                     or expect == "-")
+            bad += wrong
+            lines.append(f"| {s} | {what} | {name} | {expect} | {rc} | {verdict[:60]} | "
+                         f"{ratio:.3g} | {where} |" + (" **unexpected**" if wrong else ""))
+        print("\n".join(lines[-len(rows):]), file=sys.stderr, flush=True)
+    lines += ["", f"- probes whose verdict differs from the expectation: {bad}"]
+    md = "\n".join(lines)
+    print(md)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
