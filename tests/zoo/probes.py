@@ -14,7 +14,7 @@ reference outputs are delivered as:
 | ref_D_as_f32 | the same values widened to F32 (what `.float()` gives) | PASS |
 | ref_f32 | out, latent_out rounded straight to fp32 | PASS |
 | ref_D_as_f64 | the rounded values widened to F64 | PASS |
-| noise_1ulp | ref_in_D with one ulp of D added or subtracted at random per element | PASS |
+| noise_1ulp | ref_in_D with one ulp of D added or subtracted at random per element | reported |
 | scale_1pct | out and latent_out times 1.01 | FAIL |
 | head_scale_10pct | one head's out and latent_out times 1.10 | FAIL |
 | heads_swapped | two heads' out, latent_out and lse swapped | FAIL |
@@ -26,7 +26,9 @@ reference outputs are delivered as:
 
 Exit 1 when a probe's verdict differs from its expectation (a FAIL probe that passes, a PASS probe
 that fails or is refused). "reported" probes are listed with their ratios only: whether they
-should fail depends on how far the case's legitimate designs reach.
+should fail depends on how far the case's legitimate designs reach. A FAIL probe whose change is
+below MIN_EFFECT (the largest relative L2 change over the outputs, against ref_in_D) is reported
+instead: on a case whose heads coincide (one key group, uniform attention) a swap changes nothing.
 """
 import argparse
 import json
@@ -42,6 +44,7 @@ import run_zoo  # noqa: E402
 from common import BF16, STORED, load, save_outputs  # noqa: E402
 
 OUTPUTS = ("out", "lse", "latent_out")
+MIN_EFFECT = 5e-3  # a FAIL probe changes some output by at least 0.5 % (rel_l2), else reported
 ULP_AT_1 = {np.float64: 2.0 ** -52, np.float32: 2.0 ** -23, BF16: 2.0 ** -7, np.float16: 2.0 ** -10}
 
 
@@ -83,7 +86,9 @@ def probes(cs, rng):
             return x
         e = np.floor(np.log2(np.maximum(np.abs(x), 1e-300)))
         return x + rng.choice([-1.0, 1.0], size=x.shape) * ulp * np.exp2(e)
-    yield "noise_1ulp", "PASS", perturbed(ref, noise)
+    # reported, not PASS: where attention is one-hot (outliers), latent_out is a cached row exactly
+    # and every correct design delivers it exactly, so an ulp on every element is a real deviation
+    yield "noise_1ulp", "reported", perturbed(ref, noise)
     yield "scale_1pct", "FAIL", perturbed(ref, lambda k, x: x if k == "lse" else x * 1.01)
     h = int(rng.integers(cs.H))
 
@@ -130,6 +135,19 @@ def probes(cs, rng):
     yield "head_scale_1pct", "reported", perturbed(ref, head_scale(1.01))
 
 
+def effect(outs, ref):
+    """The probe's own change: the largest relative L2 distance of an output from ref_in_D's
+    (finite entries; lse included)."""
+    e = 0.0
+    for k, v in outs.items():
+        x, y = np.asarray(v, np.float64), np.asarray(ref[k], np.float64)
+        m = np.isfinite(y)
+        ny = np.linalg.norm(np.where(m, y, 0.0))
+        if ny > 0:
+            e = max(e, float(np.linalg.norm(np.where(m, x - y, 0.0)) / ny))
+    return e
+
+
 def worst(j):
     """The largest ratio the audit printed and where (tensor.statistic)."""
     best = (0.0, "")
@@ -152,11 +170,15 @@ def run_seed(binary, work, seed, profile, presets_text):
     case = os.path.join(d, "case.safetensors")
     g = subprocess.run(run_zoo.golden_cmd(binary, spec, case), capture_output=True, text=True)
     if g.returncode != 0:
-        return spec, [("golden", "-", g.returncode, (g.stderr or g.stdout)[-300:], 0.0, "")]
+        return spec, [("golden", "-", 0.0, g.returncode, (g.stderr or g.stdout)[-300:], 0.0, "")]
     cs = load(case)
     rng = np.random.default_rng([seed, 3])
+    ref = base(cs, STORED[cs.profile])
     rows = []
     for name, expect, outs in probes(cs, rng):
+        eff = effect(outs, ref)
+        if expect == "FAIL" and eff < MIN_EFFECT:
+            expect = "reported"
         path = os.path.join(d, f"{name}.safetensors")
         save_outputs(outs, path)
         p = subprocess.run([binary, "audit", case, path, "--format", "json", "--label", name],
@@ -166,8 +188,8 @@ def run_seed(binary, work, seed, profile, presets_text):
         except ValueError:
             j = {}
         ratio, where = worst(j)
-        rows.append((name, expect, p.returncode, str(j.get("verdict", p.stderr.strip()[-200:])),
-                     ratio, where))
+        rows.append((name, expect, eff, p.returncode,
+                     str(j.get("verdict", p.stderr.strip()[-200:])), ratio, where))
     return spec, rows
 
 
@@ -186,18 +208,18 @@ def main():
     binary = os.path.abspath(a.binary)
     presets_text = run_zoo.list_presets(binary)
     lines = ["# qkmla structured probes", "", f"- binary: `{binary}`", f"- seeds: {a.seeds}", "",
-             "| seed | case | probe | expected | exit | verdict | largest ratio | where |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| seed | case | probe | expected | change | exit | verdict | largest ratio | where |",
+             "|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for s in seeds:
         spec, rows = run_seed(binary, a.work_dir, s, profiles[s % len(profiles)], presets_text)
         what = (f"{spec['preset']} {spec['profile']} {spec['norm']} {spec['scenario']} "
                 f"sq={spec['sq']} seqlens={spec['seqlens']}")
-        for name, expect, rc, verdict, ratio, where in rows:
+        for name, expect, eff, rc, verdict, ratio, where in rows:
             wrong = ((expect == "PASS" and rc != 0) or (expect == "FAIL" and rc != 1)
                      or expect == "-")
             bad += wrong
-            lines.append(f"| {s} | {what} | {name} | {expect} | {rc} | {verdict[:60]} | "
+            lines.append(f"| {s} | {what} | {name} | {expect} | {eff:.2g} | {rc} | {verdict[:60]} | "
                          f"{ratio:.3g} | {where} |" + (" **unexpected**" if wrong else ""))
         print("\n".join(lines[-len(rows):]), file=sys.stderr, flush=True)
     lines += ["", f"- probes whose verdict differs from the expectation: {bad}"]
