@@ -198,12 +198,14 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("binary")
     ap.add_argument("work_dir")
-    ap.add_argument("--seeds", required=True, help="A-B (inclusive)")
+    ap.add_argument("--seeds", required=True, help="A-B (inclusive), or a comma-separated list of those")
     ap.add_argument("--profiles", default="bf16,fp16,fp32,fp8,fp8-block128")
     ap.add_argument("--markdown")
     a = ap.parse_args()
-    lo, _, hi = a.seeds.partition("-")
-    seeds = range(int(lo), int(hi or lo) + 1)
+    seeds = []
+    for part in a.seeds.split(","):
+        lo, _, hi = part.partition("-")
+        seeds += list(range(int(lo), int(hi or lo) + 1))
     profiles = a.profiles.split(",")
     binary = os.path.abspath(a.binary)
     presets_text = run_zoo.list_presets(binary)
