@@ -31,7 +31,6 @@ below MIN_EFFECT (the largest relative L2 change over the outputs, against ref_i
 instead: on a case whose heads coincide (one key group, uniform attention) a swap changes nothing.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -136,27 +135,17 @@ def probes(cs, rng):
 
 
 def effect(outs, ref):
-    """The probe's own change: the largest relative L2 distance of an output from ref_in_D's
-    (finite entries; lse included)."""
-    e = 0.0
-    for k, v in outs.items():
-        x, y = np.asarray(v, np.float64), np.asarray(ref[k], np.float64)
-        m = np.isfinite(y)
-        ny = np.linalg.norm(np.where(m, y, 0.0))
-        if ny > 0:
-            e = max(e, float(np.linalg.norm(np.where(m, x - y, 0.0)) / ny))
-    return e
+    """The probe's own change: the largest rel_l2 of an output against ref_in_D's (run_zoo.stats)."""
+    return max(run_zoo.stats(v, ref[k], k)["rel_l2"] for k, v in outs.items())
 
 
-def worst(j):
-    """The largest ratio the audit printed and where (tensor.statistic)."""
+def worst(judged):
+    """The largest ratio the audit printed (run_zoo.audit's `judged`) and where (tensor.statistic)."""
     best = (0.0, "")
-    for t in j.get("tensors", []):
-        cands = [("baseline_ratio", t.get("baseline_ratio"))]
-        cands += [(s.get("stat"), s.get("ratio")) for s in t.get("structure", [])]
-        for s, v in cands:
+    for t, st in judged.items():
+        for s, v in st.items():
             if isinstance(v, (int, float)) and v == v and v > best[0]:
-                best = (float(v), f"{t['tensor']}.{s}")
+                best = (float(v), f"{t}.{s}")
     return best
 
 
@@ -181,15 +170,10 @@ def run_seed(binary, work, seed, profile, presets_text):
             expect = "reported"
         path = os.path.join(d, f"{name}.safetensors")
         save_outputs(outs, path)
-        p = subprocess.run([binary, "audit", case, path, "--format", "json", "--label", name],
-                           capture_output=True, text=True)
-        try:
-            j = json.loads(p.stdout)
-        except ValueError:
-            j = {}
-        ratio, where = worst(j)
-        rows.append((name, expect, eff, p.returncode,
-                     str(j.get("verdict", p.stderr.strip()[-200:])), ratio, where))
+        res = run_zoo.audit(binary, case, path, name)
+        ratio, where = worst(res["judged"])
+        rows.append((name, expect, eff, res["rc"], str(res["verdict"] or res["stderr"][-200:]),
+                     ratio, where))
     return spec, rows
 
 
