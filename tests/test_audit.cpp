@@ -657,3 +657,34 @@ TEST_CASE("audit.real_code.lse_delivered_in_stored_dtype") {
     CHECK_FALSE(audit(cf, outs).pass());
   }
 }
+
+// A module that casts its Python float softmax scale to bf16 (MLX's fast SDPA) computes attention
+// at sigma_D, a temperature change of +0.134 % at DeepSeek's 192^-0.5: over 1835 tokens its bias on
+// out is ~6x any correct design's at sigma (zoo seed 200030, mlx_sdpa, paper-g8 bf16: latent_out
+// bias 6.43x). Judged against the truth at sigma_D it passes; a 1 % scale on top of it still fails.
+TEST_CASE("audit.stored_scale.judged_against_its_own_truth") {
+  const uint64_t seed = test::seed(200030);
+  CAPTURE(seed);
+  const CaseFile cf =
+      golden_of(test::tiny_config(Profile::BF16, {1835}, 1, NormMode::None, seed, "paper-g8"));
+  Design stored = spec_design(Profile::BF16, Form::Absorbed);
+  stored.sigma = DType::BF16;
+  const std::map<std::string, Tensor> outs = run_design(cf, stored);
+  AuditOptions own;
+  own.rule = default_rule(), own.diagnose = false, own.stored_scale = false;
+  const AuditResult at_sigma = run_audit(cf, "case", outs, "outputs", own);
+  CHECK_FALSE(at_sigma.pass());
+  const AuditResult r = audit(cf, outs);
+  CHECK(r.pass());
+  CHECK(r.stored_scale.find("0.072265625") != std::string::npos);
+  MESSAGE(r.stored_scale);
+  // Correct at sigma itself: passes at the case's own scale, no second hypothesis.
+  const AuditResult exact = audit(cf, run_design(cf, spec_design(Profile::BF16, Form::Absorbed)));
+  CHECK(exact.pass());
+  CHECK(exact.stored_scale.empty());
+  std::map<std::string, Tensor> scaled = outs;  // a 1 % scale bug on top of the stored scale
+  for (double& x : scaled.at("out").data) x = round_to(DType::BF16, x * 1.01);
+  const AuditResult bug = audit(cf, scaled);
+  CHECK_FALSE(bug.pass());
+  CHECK(bug.stored_scale.empty());
+}

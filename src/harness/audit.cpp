@@ -7,8 +7,10 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "harness/logit_noise.hpp"
+#include "harness/stored_scale.hpp"
 #include "harness/yardstick.hpp"
 #include "io/safetensors.hpp"
 
@@ -218,6 +220,31 @@ StructureCheck ill_residual_check(const Yardstick& ys, const std::string& t, con
   return c;
 }
 
+// The audit of the same outputs at the stored softmax scale (harness/stored_scale.hpp), when they
+// pass there; `failed` is the audit at the case's own scale, which the note summarizes.
+std::optional<AuditResult> at_stored_scale(const CaseFile& cf, const std::string& case_path,
+                                           const std::map<std::string, Tensor>& given,
+                                           const std::string& outputs_path, const AuditOptions& o,
+                                           const AuditResult& failed) {
+  const std::optional<CaseFile> alt = stored_scale_case(cf);
+  if (!alt) return std::nullopt;
+  AuditOptions once = o;
+  once.stored_scale = false;
+  AuditResult r = run_audit(*alt, case_path, given, outputs_path, once);
+  if (!r.pass()) return std::nullopt;
+  std::string why;
+  for (const TensorAudit& a : failed.tensors)
+    if (a.judged && !a.j.v.pass && why.empty())
+      why = a.j.tensor + (a.j.v.failed.empty() ? "" : ": " + a.j.v.failed.front());
+  const double s = cf.k.cfg.softmax_scale, sd = alt->k.cfg.softmax_scale;
+  r.stored_scale = fmt::format(
+      "judged at the softmax scale stored in {} ({:.9g}; the case's {:.9g}, {:+.3g} %), as a "
+      "module does that multiplies its activations by a Python float scale (MLX's fast SDPA, JAX); "
+      "at the case's own scale it fails ({})",
+      format_word(stored_dtype(cf.k.cfg.profile)), sd, s, 100 * (sd / s - 1), why);
+  return r;
+}
+
 }  // namespace
 
 AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
@@ -227,6 +254,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     throw InputError(case_path, "ref.*",
                      "not a golden case: no reference tensors (make one with qkmla golden)");
   const MlaConfig& c = cf.k.cfg;
+  const std::map<std::string, Tensor> as_given = given;  // before lse conventions are converted
   AuditResult res;
   res.id.family = Family::Audit, res.id.name = o.label;
   res.case_path = case_path;
@@ -338,6 +366,9 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
         "nothing judged: the file holds only {} (a verdict needs {} or {} with a yardstick)",
         fmt::join(held, ", "), primary[0], primary[1]);
   }
+  if (res.declared.empty() && o.stored_scale && !res.pass() && res.nothing_judged.empty())
+    if (std::optional<AuditResult> at = at_stored_scale(cf, case_path, as_given, outputs_path, o, res))
+      return *at;
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
     const Yardstick all =
         measure_yardstick(cf.k, candidate_designs(c, forms, delivered), ref, names);

@@ -21,6 +21,9 @@ struct AuditOptions {
   std::string form;
   std::string design;    // a declared design (core/design.hpp syntax), or "" to infer
   bool diagnose = true;  // on FAIL, try the conventions of harness/diagnose.hpp
+  // undeclared, on FAIL: judge the outputs once more as attention at the softmax scale stored in
+  // the model dtype (harness/stored_scale.hpp), against that problem's own truth
+  bool stored_scale = true;
   GateRule rule;
 };
 
@@ -70,6 +73,9 @@ struct AuditResult {
   std::map<std::string, std::vector<FamilyFit>> undeclared;
   std::string nothing_judged;    // non-empty: no primary output was judged (never a PASS)
   std::vector<Match> diagnosis;  // on FAIL: conventions the outputs match (harness/diagnose.hpp)
+  // Non-empty: the verdict is that of the case at the stored softmax scale (harness/stored_scale),
+  // which the outputs pass, and this says so (the scale, and how the case's own scale failed).
+  std::string stored_scale;
   bool pass() const;
 };
 

@@ -30,11 +30,12 @@ std::string verdict_line(const AuditResult& r) {
   if (!r.nothing_judged.empty()) return "FAIL (" + r.nothing_judged + ")";
   if (!r.pass()) return "FAIL";
   if (!r.declared.empty()) return "PASS as the declared design " + r.declared;
+  const std::string at = r.stored_scale.empty() ? "" : " at the stored softmax scale";
   const TensorAudit* shown = nullptr;  // the vector output when given, else lse
   for (const TensorAudit& a : r.tensors)
     if (!a.families.empty() && (!shown || a.j.tensor != "lse")) shown = &a;
-  if (!shown || !shown->families[0].consistent) return "PASS";
-  std::string text = fmt::format("PASS as {}: {} ratio {:.3g}", shown->families[0].family,
+  if (!shown || !shown->families[0].consistent) return "PASS" + at;
+  std::string text = fmt::format("PASS{} as {}: {} ratio {:.3g}", at, shown->families[0].family,
                                  shown->j.tensor, shown->families[0].ratio);
   const FamilyFit& last = shown->families.back();
   if (!last.consistent)
@@ -52,6 +53,7 @@ std::string audit_text(const AuditResult& r, bool md) {
                   to_string(c.profile), c.preset, c.scenario);
   if (!r.declared.empty()) text += "declared design (strict): " + r.declared + "\n";
   if (!r.forms_note.empty()) text += r.forms_note + "\n";
+  if (!r.stored_scale.empty()) text += r.stored_scale + "\n";
   if (!r.missing.empty())
     text +=
         fmt::format("{}not given (not judged): {}\n", md ? "\n" : "", fmt::join(r.missing, ", "));
@@ -113,6 +115,7 @@ std::string audit_json(const AuditResult& r) {
   j["designs"] = r.designs;
   j["forms"] = r.forms;
   j["forms_note"] = r.forms_note;
+  j["stored_scale"] = r.stored_scale;
   j["diagnosis"] = nlohmann::json::array();
   for (const Match& m : r.diagnosis) {
     nlohmann::json ts = nlohmann::json::array();
