@@ -102,8 +102,9 @@ struct Yardstick {
   // rel_l2 over the samples.
   std::map<std::string, std::vector<bool>> ill;
   std::map<std::string, std::vector<double>> ill_allowance;
-  // Per tensor and ill-conditioned row: an orthonormal basis ([m][w]) of the reference row (a row
-  // scale) and of the directions the draws move the row along. A near tie moves the output within
+  // Per tensor and ill-conditioned row: an orthonormal basis ([m][w]) of the directions the draws
+  // move the row along (not the row itself: a free row scale let one head x 1.10 pass, probe
+  // seed 555511). A near tie moves the output within
   // the span of its tied tokens' values; a wrong value, scale or head moves it out of that span
   // (zoo seed 102733: fp8-block128's first block scale on the whole row, 153 % on rows whose
   // draws move them 95 %). ill_residual: per row, the largest rel_l2 left after projecting the
