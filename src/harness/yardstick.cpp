@@ -138,10 +138,10 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
       add("JAX module (einsum outputs stored, fp8 dequantized in fp32)", jax);
     }
     // Not a candidate: an MLX or JAX module whose Python float scale is cast to the stored dtype
-    // first (design sigma=bf16). Its temperature change is a scale bug's signature: as a family
-    // it let a one-head bug's bias (6.3x) and a one-sequence lse shift (zoo seed 50000, 16x every
-    // correct style's) pass, while mlx_sdpa's one large-logits sweep false alarm on 101500-101699
-    // (101537) came from its form, not its scale. A module that stores its scale declares it.
+    // first (design sigma=bf16). Its temperature change against the truth at sigma is a scale
+    // bug's signature: as a family it let a one-head bug's bias (6.3x) and a one-sequence lse
+    // shift (zoo seed 50000, 16x every correct style's) pass. Such a module is judged against the
+    // truth at the stored scale instead (harness/stored_scale.hpp, run_audit).
   }
   if (base.form != Form::Kernel) {  // a kernel's q_latent is given stored: folding sigma in
     Design folded = base;           // there would round it twice, which no listed design does
