@@ -367,7 +367,8 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
         fmt::join(held, ", "), primary[0], primary[1]);
   }
   if (res.declared.empty() && o.stored_scale && !res.pass() && res.nothing_judged.empty())
-    if (std::optional<AuditResult> at = at_stored_scale(cf, case_path, as_given, outputs_path, o, res))
+    if (std::optional<AuditResult> at =
+            at_stored_scale(cf, case_path, as_given, outputs_path, o, res))
       return *at;
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
     const Yardstick all =

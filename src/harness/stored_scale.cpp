@@ -36,9 +36,9 @@ std::optional<CaseFile> stored_scale_case(const CaseFile& cf) {
   o.bits = reference_bits(cf), o.latent_out = true, o.absorbed = true;
   const Truth t = compute_truth(alt.k, o);
   if (!t.ok()) return std::nullopt;
-  for (const auto& [name, ref] : cf.refs) {  // the same reference tensors, at sigma_D
+  for (const auto& [name, ref] : cf.refs) {     // the same reference tensors, at sigma_D
     const std::string tensor = name.substr(4);  // "ref.out" -> "out"
-    const Outputs* out = t.of(tensor);  // alpha_q, alpha_k do not depend on sigma
+    const Outputs* out = t.of(tensor);          // alpha_q, alpha_k do not depend on sigma
     alt.refs[name] = out && out->tensors.count(tensor) ? out->tensors.at(tensor) : ref;
   }
   return alt;
