@@ -4,6 +4,7 @@
 // differ only in what they score and what they average.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -257,7 +258,15 @@ Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector
   } else {
     const Acc s = Acc(k.sink(h));
     if (!rr.sink_in_p) {
-      const Acc f = hook::sink_scale(p, true, s, lse);
+      // A split-KV order's combine takes the sink as one more split (lse s, output 0): the row's
+      // weight exp(lse - L) with L = logaddexp(lse, s) rounded in Acc carries L's absolute
+      // rounding, u |L|, where 1 / (1 + exp(s - lse)) has a relative one (zoo seed 103052,
+      // kernel_plain fp32 with a sink: worst_row 10.5x the samples' before).
+      const bool split = sum_order().splits > 1 && p.sink == SinkForm::OutOnly &&
+                         lse > -std::numeric_limits<Acc>::infinity();
+      const Acc f = split ? std::exp(lse - (lse > s ? lse + std::log(Acc(1) + std::exp(s - lse))
+                                                    : s + std::log(Acc(1) + std::exp(lse - s))))
+                          : hook::sink_scale(p, true, s, lse);
       for (Acc& x : acc) x = product(x, f);
     }
     return hook::sink_lse(p, true, s, lse);
