@@ -58,7 +58,9 @@ Runner add_audit(CLI::App& app, const std::string&) {
       "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
       "the gains are merged into w_uk offline; also score, cache, lse, sigma, scale_in_q=yes, "
       "exp2=yes, rsqrt=approx. Strict: judged against this design only (default: "
-      "every legitimate design consistent with what was delivered)");
+      "every legitimate design consistent with what was delivered, and on FAIL the same "
+      "against the truth at the softmax scale stored in the model dtype, as MLX and JAX "
+      "modules compute)");
   cmd->add_flag("!--no-diagnose", f->o.diagnose,
                 "on FAIL, do not evaluate the reference under alternative conventions (faster)");
   cmd->add_option("--budgets", f->budgets, "budget overrides (TOML: baseline_k, [[budget]])")
