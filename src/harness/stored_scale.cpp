@@ -4,6 +4,7 @@
 
 #include "core/design.hpp"
 #include "harness/truth.hpp"
+#include "impl/cpu_impls.hpp"
 
 namespace qkmla {
 
@@ -42,6 +43,22 @@ std::optional<CaseFile> stored_scale_case(const CaseFile& cf) {
     alt.refs[name] = out && out->tensors.count(tensor) ? out->tensors.at(tensor) : ref;
   }
   return alt;
+}
+
+std::map<std::string, Tensor> stored_scale_shift(const Case& k, double sigma_d) {
+  Case at = k;
+  at.cfg.softmax_scale = sigma_d;
+  const impl::AbsorbedSpec spec{
+      Variant::Default, {}, accumulate_design(k.cfg.profile, Form::Absorbed)};
+  const Outputs a = impl::cpu_absorbed(k, {spec})[0], b = impl::cpu_absorbed(at, {spec})[0];
+  std::map<std::string, Tensor> shift;
+  for (const char* t : {"out", "latent_out"}) {
+    if (!a.tensors.count(t) || !b.tensors.count(t)) continue;
+    Tensor d = b.tensors.at(t);  // [B, S_q, H, d_v] or [B, S_q, H, r]
+    for (int64_t i = 0; i < d.numel(); ++i) d[i] -= a.tensors.at(t)[i];
+    shift[t] = std::move(d);
+  }
+  return shift;
 }
 
 }  // namespace qkmla

@@ -5,7 +5,9 @@
 // (a temperature change of up to u_D: +0.134 % for DeepSeek's 192^-0.5 in bf16), not a rounding
 // noise, so it is judged against its own truth: the reference at sigma_D.
 #pragma once
+#include <map>
 #include <optional>
+#include <string>
 
 #include "io/case_io.hpp"
 
@@ -15,5 +17,11 @@ namespace qkmla {
 // level, stored dtype narrower than the accumulate type, sigma_D != sigma); nullopt where no such
 // case exists or its reference does not reach the required agreeing bits.
 std::optional<CaseFile> stored_scale_case(const CaseFile& cf);
+
+// What the stored scale changes, cheaply: per vector output (out, latent_out), the accumulate-type
+// compute at sigma_D minus the same at sigma (one forward run each; its rounding cancels to well
+// below the change). An audit uses it to skip the second truth where the outputs are nowhere near
+// the reference plus this change.
+std::map<std::string, Tensor> stored_scale_shift(const Case& k, double sigma_d);
 
 }  // namespace qkmla
