@@ -226,10 +226,9 @@ StructureCheck ill_residual_check(const Yardstick& ys, const std::string& t, con
 // spares the second truth to outputs that fail for another reason (most bugs).
 bool near_stored_scale(const CaseFile& cf, const std::map<std::string, Tensor>& given,
                        const AuditOptions& o, const AuditResult& failed) {
-  const MlaConfig& c = cf.k.cfg;
-  const double sigma_d = round_to(stored_dtype(c.profile), c.softmax_scale);
-  if (c.level != Level::Module || sigma_d == c.softmax_scale) return false;
-  const std::map<std::string, Tensor> shift = stored_scale_shift(cf.k, sigma_d);
+  const std::optional<double> sigma_d = stored_scale_of(cf.k.cfg);
+  if (!sigma_d) return false;  // no such case: no forward runs either
+  const std::map<std::string, Tensor> shift = stored_scale_shift(cf.k, *sigma_d);
   for (const TensorAudit& a : failed.tensors) {
     const std::string& t = a.j.tensor;
     if (!a.judged || !shift.count(t) || !given.count(t) || !cf.refs.count("ref." + t)) continue;

@@ -23,15 +23,20 @@ int reference_bits(const CaseFile& cf) {
 
 }  // namespace
 
-std::optional<CaseFile> stored_scale_case(const CaseFile& cf) {
-  const MlaConfig& c = cf.k.cfg;
+std::optional<double> stored_scale_of(const MlaConfig& c) {
   const DType D = stored_dtype(c.profile), A = accumulate_dtype(c.profile);
   if (c.level != Level::Module || !rounds_at(D, A)) return std::nullopt;
   const double sigma_d = round_to(D, c.softmax_scale);
   if (sigma_d == c.softmax_scale || !(sigma_d > 0)) return std::nullopt;
+  return sigma_d;
+}
+
+std::optional<CaseFile> stored_scale_case(const CaseFile& cf) {
+  const std::optional<double> sigma_d = stored_scale_of(cf.k.cfg);
+  if (!sigma_d) return std::nullopt;
   CaseFile alt;
   alt.k = cf.k;
-  alt.k.cfg.softmax_scale = sigma_d;
+  alt.k.cfg.softmax_scale = *sigma_d;
   alt.metadata = cf.metadata;
   TruthOptions o;  // as make_golden forms them: latent_out and q_latent included
   o.bits = reference_bits(cf), o.latent_out = true, o.absorbed = true;

@@ -18,6 +18,9 @@ namespace qkmla {
 // case exists or its reference does not reach the required agreeing bits.
 std::optional<CaseFile> stored_scale_case(const CaseFile& cf);
 
+// sigma_D where such a case exists (the conditions above), else nullopt.
+std::optional<double> stored_scale_of(const MlaConfig& c);
+
 // What the stored scale changes, cheaply: per vector output (out, latent_out), the accumulate-type
 // compute at sigma_D minus the same at sigma (one forward run each; its rounding cancels to well
 // below the change). An audit uses it to skip the second truth where the outputs are nowhere near
