@@ -691,6 +691,38 @@ TEST_CASE("audit.real_code.lse_delivered_in_stored_dtype") {
   }
 }
 
+// A module's latent_out written in a format narrower than (or other than) the profile's stored
+// dtype: an fp32 case's latent returned as bf16, an fp16 case's as bf16. The file's dtype says that
+// tensor was rounded once more; out was computed before it. Until the latent_file point the
+// module-level designs had no such rounding: the correct fp32 outputs below, rounded to bf16,
+// failed on latent_out (ratio 6.4 on zoo seed 103201's fp32 case) while out passed.
+TEST_CASE("audit.delivered_dtype.latent_out_written_narrower") {
+  for (auto [prof, file] : {std::pair{Profile::FP32, DType::BF16}, {Profile::FP16, DType::BF16}}) {
+    MlaConfig c = test::tiny_config(prof, {0, 23, 61}, 2, NormMode::Blockwise, test::seed(103201));
+    CAPTURE(c.seed);
+    CAPTURE(to_string(prof));
+    const CaseFile cf = golden_of(c);
+    Outputs o =
+        impl::cpu_absorbed(cf.k, {{Variant::Default, {}, spec_design(prof, Form::Absorbed)}})[0];
+    std::map<std::string, Tensor> outs = {{"out", o.tensors.at("out")},
+                                          {"lse", o.tensors.at("lse")},
+                                          {"latent_out", o.tensors.at("latent_out")}};
+    Tensor& lat = outs["latent_out"];
+    for (double& x : lat.data) x = round_to(file, x);
+    lat.dtype = file;
+    const AuditResult r = audit(cf, outs);
+    CHECK(r.pass());
+    const TensorAudit& a = tensor(r, "latent_out");
+    MESSAGE("latent_out ratio " << a.j.baseline_ratio);
+    CHECK(a.j.baseline_ratio < 2);
+    CHECK(a.families.front().family.find("written " + format_word(file)) != std::string::npos);
+    // The same file with one head's latent 2 % off still fails.
+    for (int64_t i = 0; i < lat.numel(); ++i)
+      if (lat.unravel(i)[2] == 1) lat[i] = round_to(file, lat[i] * 1.02);
+    CHECK_FALSE(audit(cf, outs).pass());
+  }
+}
+
 // A module that casts its Python float softmax scale to bf16 (MLX's fast SDPA) computes attention
 // at sigma_D, a temperature change of +0.134 % at DeepSeek's 192^-0.5: over 1835 tokens its bias on
 // out is ~6x any correct design's at sigma (zoo seed 200030, mlx_sdpa, paper-g8 bf16: latent_out

@@ -104,15 +104,16 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       continue;
     }
     if (k == "score" || k == "cache" || k == "alpha_q" || k == "eager" || k == "lse" ||
-        k == "sigma" || k == "key_fold") {
+        k == "latent_file" || k == "sigma" || k == "key_fold") {
       const DType x = parse_dtype_word(k, v, p);  // F64: not rounded
-      DType& point = k == "score"      ? d.score
-                     : k == "cache"    ? d.cache
-                     : k == "eager"    ? d.eager
-                     : k == "lse"      ? d.lse
-                     : k == "sigma"    ? d.sigma
-                     : k == "key_fold" ? d.key_fold
-                                       : d.alpha_q;
+      DType& point = k == "score"         ? d.score
+                     : k == "cache"       ? d.cache
+                     : k == "eager"       ? d.eager
+                     : k == "lse"         ? d.lse
+                     : k == "latent_file" ? d.latent_file
+                     : k == "sigma"       ? d.sigma
+                     : k == "key_fold"    ? d.key_fold
+                                          : d.alpha_q;
       point = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
       continue;
     }
@@ -126,10 +127,11 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
                                  : k == "out"                ? &Design::out
                                                              : nullptr;
     if (!point)  // the key first: "zz=1" is an unknown point, not an unknown format
-      throw ConfigError("design." + k,
-                        "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
-                        "latent_out, out, score, cache, eager, lse, sigma, key_fold, gains, "
-                        "scale_in_q, exp2, rsqrt)");
+      throw ConfigError(
+          "design." + k,
+          "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
+          "latent_out, out, score, cache, eager, lse, latent_file, sigma, key_fold, gains, "
+          "scale_in_q, exp2, rsqrt)");
     d.*point = parse_dtype_word(k, v, p);
   }
   return d;
@@ -148,6 +150,7 @@ std::string to_string(const Design& d) {
   if (d.cache != DType::F64) s += ",cache=" + format_word(d.cache);
   if (d.eager != DType::F64) s += ",eager=" + format_word(d.eager);
   if (d.lse != DType::F64) s += ",lse=" + format_word(d.lse);
+  if (d.latent_file != DType::F64) s += ",latent_file=" + format_word(d.latent_file);
   if (d.sigma != DType::F64) s += ",sigma=" + format_word(d.sigma);
   if (d.key_fold != DType::F64) s += ",key_fold=" + format_word(d.key_fold);
   if (d.scale_in_q) s += ",scale_in_q=yes";

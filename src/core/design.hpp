@@ -41,6 +41,10 @@ struct Design {
   // the delivered lse stored in a narrower format (vLLM's Triton MLA decode allocates its lse
   // tensor in q's dtype: bf16); no stage reads it, so it is the last rounding
   DType lse = DType::F64;
+  // module level: the delivered latent_out written in a format other than the stored dtype, after
+  // the latent_out point (an fp32 case's module returning its latent as bf16); out is computed
+  // before it, so, as lse, it is the last rounding of that tensor alone
+  DType latent_file = DType::F64;
   // sigma itself stored before it multiplies anything: a Python float meeting a bf16 array is cast
   // to bf16 first (MLX's `mx.scalar(scale) * q`, JAX's weak typing); the error is a temperature
   // change of up to half an ulp of the format on every logit
@@ -69,9 +73,9 @@ struct Design {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
-           cache == o.cache && eager == o.eager && lse == o.lse && sigma == o.sigma &&
-           key_fold == o.key_fold && scale_in_q == o.scale_in_q && exp2 == o.exp2 &&
-           approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
+           cache == o.cache && eager == o.eager && lse == o.lse && latent_file == o.latent_file &&
+           sigma == o.sigma && key_fold == o.key_fold && scale_in_q == o.scale_in_q &&
+           exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
            sink_in_p == o.sink_in_p && gram_alpha_k == o.gram_alpha_k;
   }
 };
@@ -86,10 +90,10 @@ Design spec_design(Profile p, Form f);
 Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
-// kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, sigma, key_fold; values:
-// fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's; gains=merged|runtime; scale_in_q,
-// exp2, rsqrt, p_normalized, sink_in_p, gram_alpha_k = yes|no): starts from spec_design(profile,
-// form) and sets the keys given. ConfigError names the key.
+// kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, latent_file, sigma,
+// key_fold; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's;
+// gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, gram_alpha_k = yes|no):
+// starts from spec_design(profile, form) and sets the keys given. ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
 std::string format_word(DType d);  // fp64, fp32, bf16, fp16, fp8

@@ -87,10 +87,14 @@ std::vector<FamilyFit> family_fits(const Yardstick& ys, const std::string& t, do
     const double y = ys.rms(n, t);
     if (std::isnan(y)) continue;
     const Design& d = ys.designs[n].d;  // the delivered tensor's own point names the member
-    const std::string at = t == "out"          ? " (out " + format_word(d.out) + ")"
-                           : t == "latent_out" ? " (latent_out " + format_word(d.latent_out) + ")"
-                           : t == "lse" && d.lse != DType::F64 ? " (lse " + format_word(d.lse) + ")"
-                                                               : "";
+    const std::string at =
+        t == "out" ? " (out " + format_word(d.out) + ")"
+        : t == "latent_out"
+            ? " (latent_out " + format_word(d.latent_out) +
+                  (d.latent_file != DType::F64 ? ", written " + format_word(d.latent_file) : "") +
+                  ")"
+        : t == "lse" && d.lse != DType::F64 ? " (lse " + format_word(d.lse) + ")"
+                                            : "";
     FamilyFit f{ys.designs[n].family + at, to_string(d), y, rel_l2 / std::max(y, floor), false};
     f.consistent = f.ratio <= k;
     auto it = best.find(f.family);
@@ -329,8 +333,11 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     Design d =
         parse_design(o.design, c.profile, o.form.empty() ? Form::Absorbed : parse_form(o.form));
     const std::string text = "," + o.design;
-    if (text.find(",lse=") == std::string::npos)
-      d.lse = delivered_lse_point(delivered, accumulate_dtype(c.profile));
+    const DType A = accumulate_dtype(c.profile);
+    if (text.find(",lse=") == std::string::npos) d.lse = delivered_lse_point(delivered, A);
+    if (text.find(",latent_file=") == std::string::npos && c.level == Level::Module &&
+        d.form != Form::Explicit)
+      d.latent_file = delivered_latent_file(delivered, stored_dtype(c.profile), A);
     designs = {{"declared design", d}};
   }
   res.declared = o.design.empty() ? "" : to_string(designs[0].d);

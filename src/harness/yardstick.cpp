@@ -189,6 +189,16 @@ DType delivered_lse_point(const Delivered& delivered, DType A) {
   return lse;
 }
 
+DType delivered_latent_file(const Delivered& delivered, DType D, DType A) {
+  if (!delivered.count("latent_out")) return DType::F64;
+  const std::vector<DType>& formats = delivered.at("latent_out");
+  if (std::find(formats.begin(), formats.end(), D) != formats.end()) return DType::F64;
+  DType file = DType::F64;
+  for (DType f : formats)
+    if (rounds_at(f, A) && (file == DType::F64 || wider(file, f))) file = f;
+  return file;
+}
+
 std::vector<Form> audit_forms(const MlaConfig& c, const std::string& declared,
                               const Delivered& delivered, std::string* note) {
   if (!declared.empty()) return {parse_form(declared)};
@@ -229,9 +239,12 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     return out;
   };
   const DType lse = delivered_lse_point(delivered, A);  // one point, not a family of its own
+  const DType latent_file =
+      c.level == Level::Module ? delivered_latent_file(delivered, D, A) : DType::F64;
   std::vector<Candidate> out;
   auto add = [&](const std::string& family, Design d) {
     d.lse = lse;
+    if (d.form != Form::Explicit) d.latent_file = latent_file;
     if (!rounds_at(d.score, A)) d.score = DType::F64;
     if (!rounds_at(d.alpha_q, A)) d.alpha_q = DType::F64;
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;

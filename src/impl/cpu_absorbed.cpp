@@ -48,7 +48,8 @@ Outputs empty_outputs(const Case& k, const Design& d) {
   const DType A = accumulate_dtype(cf.profile);
   Outputs o;
   o.tensors["out"] = make_output(k, "out", d.out, 0.0);
-  o.tensors["latent_out"] = make_output(k, "latent_out", d.latent_out, 0.0);
+  o.tensors["latent_out"] =
+      make_output(k, "latent_out", rounds_at(d.latent_file, A) ? d.latent_file : d.latent_out, 0.0);
   o.tensors["lse"] = make_output(k, "lse", A, 0.0);
   if (cf.norm == NormMode::None) return o;  // plain MLA: no statistics
   o.tensors["alpha_q"] = make_output(k, "alpha_q", A, 0.0);
@@ -106,7 +107,8 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
       for (Acc& x : lat) x = round_point(d.latent_out, A, x);
       std::vector<Acc> out(size_t(dv), Acc(0));
       vec_mat(lat.data(), r, wv.data(), G * dv, g * dv, dv, out.data());  // A.6
-      for (int l = 0; l < r; ++l) o_lat.at({b, i, h, l}) = double(lat[size_t(l)]);
+      for (int l = 0; l < r; ++l)
+        o_lat.at({b, i, h, l}) = double(round_point(d.latent_file, A, lat[size_t(l)]));
       for (int j = 0; j < dv; ++j)
         o_out.at({b, i, h, j}) = double(round_point(d.out, A, out[size_t(j)]));
     }
