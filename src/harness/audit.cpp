@@ -224,19 +224,46 @@ StructureCheck ill_residual_check(const Yardstick& ys, const std::string& t, con
   return c;
 }
 
-// Whether the outputs could pass at the stored scale: every judged out / latent_out within twice
-// its rel_l2 allowance of the reference plus the stored scale's change (stored_scale_shift). A
-// necessary condition, since the yardsticks at sigma and sigma_D differ by far less than 2x; it
-// spares the second truth to outputs that fail for another reason (most bugs).
+// A failed projection (bias, row_bias) of x measured again against y + d, the reference at the
+// stored scale: false where it stays over twice the pass threshold k against the same allowance
+// (the failed check's value over its ratio). A scale bug moves these; the stored scale's own error
+// is d, so a module with that error alone has them at noise level against y + d.
+bool projections_near(const TensorAudit& a, const Tensor& x, const Tensor& y, const Tensor& d,
+                      const std::vector<bool>& mask, double k) {
+  std::optional<std::vector<double>> values;
+  for (const StructureCheck& c : a.structure) {
+    if (c.pass || (c.stat != "bias" && c.stat != "row_bias") || !(c.value > 0 && c.ratio > 0))
+      continue;
+    if (!values) {
+      Tensor ys = y;  // [B, S_q, H, w]
+      for (int64_t i = 0; i < ys.numel(); ++i) ys[i] += d[i];
+      values = structure_values(structure_of(x, ys, mask, {}));
+    }
+    const std::vector<std::string>& names = structure_names();
+    const size_t i = size_t(std::find(names.begin(), names.end(), c.stat) - names.begin());
+    if (i < values->size() && (*values)[i] / (c.value / c.ratio) > 2 * k) return false;
+  }
+  return true;
+}
+
+// Whether the outputs could pass at the stored scale: every judged out / latent_out / lse within
+// twice its rel_l2 allowance of the reference plus the stored scale's change (stored_scale_shift),
+// and each failed projection of out / latent_out within twice its threshold there (a 1 % scale on
+// a bf16 out fails bias far beyond a stored scale, within rel_l2's allowance). A necessary
+// condition, since the yardsticks at sigma and sigma_D differ by far less than 2x; it spares the
+// second truth to outputs that fail for another reason (most bugs).
 bool near_stored_scale(const CaseFile& cf, const std::map<std::string, Tensor>& given,
-                       const AuditOptions& o, const AuditResult& failed) {
+                       const AuditOptions& o, const AuditResult& failed,
+                       const std::map<std::string, std::vector<bool>>& judged_masks) {
   const std::optional<double> sigma_d = stored_scale_of(cf.k.cfg);
   if (!sigma_d) return false;  // no such case: no forward runs either
   const std::map<std::string, Tensor> shift = stored_scale_shift(cf.k, *sigma_d);
   for (const TensorAudit& a : failed.tensors) {
     const std::string& t = a.j.tensor;
     if (!a.judged || !shift.count(t) || !given.count(t) || !cf.refs.count("ref." + t)) continue;
-    const Tensor &x = given.at(t), &y = cf.refs.at("ref." + t), &d = shift.at(t);
+    const Tensor &y = cf.refs.at("ref." + t), &d = shift.at(t);
+    Tensor x = given.at(t);
+    if (t == "lse") convert_lse(x, y, o);  // the kernel's lse conventions, as the audit reads it
     const std::vector<bool> valid = valid_mask(cf.k, t);
     long double ee = 0, yy = 0;
     for (int64_t i = 0; i < y.numel(); ++i) {
@@ -250,17 +277,20 @@ bool near_stored_scale(const CaseFile& cf, const std::map<std::string, Tensor>& 
         allowance(o.rule, a.j.samples) *
         std::max(std::isnan(a.yardstick) ? 0.0 : a.yardstick, baseline_floor(a.delivered));
     if (!(rel <= 2 * allowed)) return false;
+    if (!projections_near(a, x, y, d, judged_masks.at(t),
+                          std::max(allowance(o.rule, a.j.samples), o.rule.projection_k)))
+      return false;
   }
   return true;
 }
 
 // The audit of the same outputs at the stored softmax scale (harness/stored_scale.hpp), when they
 // pass there; `failed` is the audit at the case's own scale, which the note summarizes.
-std::optional<AuditResult> at_stored_scale(const CaseFile& cf, const std::string& case_path,
-                                           const std::map<std::string, Tensor>& given,
-                                           const std::string& outputs_path, const AuditOptions& o,
-                                           const AuditResult& failed) {
-  if (!near_stored_scale(cf, given, o, failed)) return std::nullopt;
+std::optional<AuditResult> at_stored_scale(
+    const CaseFile& cf, const std::string& case_path, const std::map<std::string, Tensor>& given,
+    const std::string& outputs_path, const AuditOptions& o, const AuditResult& failed,
+    const std::map<std::string, std::vector<bool>>& judged_masks) {
+  if (!near_stored_scale(cf, given, o, failed, judged_masks)) return std::nullopt;
   const std::optional<CaseFile> alt = stored_scale_case(cf);
   if (!alt) return std::nullopt;
   AuditOptions once = o;
@@ -348,6 +378,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr;
   };
   const Yardstick ys = measure_yardstick(cf.k, designs, ref, names);
+  std::map<std::string, std::vector<bool>> judged_masks;  // each tensor's, as its statistics use
   for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
     JudgeInput in;
@@ -355,6 +386,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     in.x = &x;
     in.y = ref(name);
     in.mask = ys.mask(name, masks[name]);  // ill-conditioned rows judged on their own below
+    judged_masks[name] = in.mask;
     const bool vector = name == "out" || name == "latent_out" || name == "q_latent";
     in.ulp_dtype = vector ? stored_dtype(c.profile) : accumulate_dtype(c.profile);
     size_t which = 0;
@@ -406,7 +438,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
   }
   if (res.declared.empty() && o.stored_scale && !res.pass() && res.nothing_judged.empty())
     if (std::optional<AuditResult> at =
-            at_stored_scale(cf, case_path, as_given, outputs_path, o, res))
+            at_stored_scale(cf, case_path, as_given, outputs_path, o, res, judged_masks))
       return *at;
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
     const Yardstick all =

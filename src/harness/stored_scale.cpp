@@ -57,9 +57,9 @@ std::map<std::string, Tensor> stored_scale_shift(const Case& k, double sigma_d) 
       Variant::Default, {}, accumulate_design(k.cfg.profile, Form::Absorbed)};
   const Outputs a = impl::cpu_absorbed(k, {spec})[0], b = impl::cpu_absorbed(at, {spec})[0];
   std::map<std::string, Tensor> shift;
-  for (const char* t : {"out", "latent_out"}) {
+  for (const char* t : {"out", "latent_out", "lse"}) {
     if (!a.tensors.count(t) || !b.tensors.count(t)) continue;
-    Tensor d = b.tensors.at(t);  // [B, S_q, H, d_v] or [B, S_q, H, r]
+    Tensor d = b.tensors.at(t);  // [B, S_q, H, d_v], [B, S_q, H, r] or [B, S_q, H]
     for (int64_t i = 0; i < d.numel(); ++i) d[i] -= a.tensors.at(t)[i];
     shift[t] = std::move(d);
   }

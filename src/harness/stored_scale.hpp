@@ -21,7 +21,7 @@ std::optional<CaseFile> stored_scale_case(const CaseFile& cf);
 // sigma_D where such a case exists (the conditions above), else nullopt.
 std::optional<double> stored_scale_of(const MlaConfig& c);
 
-// What the stored scale changes, cheaply: per vector output (out, latent_out), the accumulate-type
+// What the stored scale changes, cheaply: per output (out, latent_out, lse), the accumulate-type
 // compute at sigma_D minus the same at sigma (one forward run each; its rounding cancels to well
 // below the change). An audit uses it to skip the second truth where the outputs are nowhere near
 // the reference plus this change.
