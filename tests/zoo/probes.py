@@ -14,6 +14,7 @@ reference outputs are delivered as:
 | ref_D_as_f32 | the same values widened to F32 (what `.float()` gives) | PASS |
 | ref_f32 | out, latent_out rounded straight to fp32 | PASS |
 | ref_D_as_f64 | the rounded values widened to F64 | PASS |
+| ref_other16 | out, latent_out rounded to the 16-bit format D is not (fp16 for bf16, else bf16) | PASS |
 | noise_1ulp | ref_in_D with one ulp of D added or subtracted at random per element | reported |
 | scale_1pct | out and latent_out times 1.01 | FAIL |
 | head_scale_10pct | one head's out and latent_out times 1.10 | FAIL |
@@ -78,6 +79,11 @@ def probes(cs, rng):
     yield "ref_D_as_f32", "PASS", {k: v.astype(np.float32) for k, v in ref.items()}
     yield "ref_f32", "PASS", base(cs, np.float32)
     yield "ref_D_as_f64", "PASS", {k: v.astype(np.float64) for k, v in ref.items()}
+    # a file's dtype says its own rounding point: values rounded to another (or narrower) format
+    # than D are a correct kernel's that writes that format (fp16 in range only)
+    other = base(cs, np.float16 if D == BF16 else BF16)
+    if all(np.isfinite(v[np.isfinite(ref[k])].astype(np.float64)).all() for k, v in other.items()):
+        yield "ref_other16", "PASS", other
     ulp = ULP_AT_1[D]
 
     def noise(k, x):
