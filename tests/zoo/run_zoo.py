@@ -241,7 +241,7 @@ def audit(binary, case, outs, label, extra=()):
 
 
 def run_seed(args_tuple):
-    binary, work, seed, presets_text, has_level, correct_only, long = args_tuple
+    binary, work, seed, presets_text, has_level, correct_only, long, styles = args_tuple
     t_seed = time.time()
     spec = (long_case_spec if long else case_spec)(seed, presets_text, has_level)
     d = os.path.join(work, f"seed{seed}")
@@ -255,7 +255,7 @@ def run_seed(args_tuple):
     cfg = cs.cfg
     refs = {k: cs.ref(k) for k in OUTPUTS if cs.ref(k) is not None}
     runs = []
-    for style in STYLES:
+    for style in styles:
         mod = importlib.import_module(style)
         if not applicable(mod, cs):
             continue
@@ -440,7 +440,13 @@ def main():
                     help="only the correct styles (a false-alarm sweep; no kill rates)")
     ap.add_argument("--long", action="store_true",
                     help="model presets with 128-2048 cached tokens (long_case_spec)")
+    ap.add_argument("--styles", help="comma-separated subset of STYLES (default all); a bug's "
+                    "class is then measured against these styles' correct runs only")
     a = ap.parse_args()
+    styles = a.styles.split(",") if a.styles else STYLES
+    for s in styles:
+        if s not in STYLES:
+            ap.error(f"unknown style {s} (STYLES: {', '.join(STYLES)})")
     seeds = []
     for part in a.seeds.split(","):
         lo, _, hi = part.partition("-")
@@ -459,7 +465,7 @@ def main():
     has_level = golden_supports_level(binary)
     t0 = time.time()
     jobs = [(binary, os.path.abspath(a.work_dir), s, presets_text, has_level, a.correct_only,
-             a.long) for s in seeds]
+             a.long, styles) for s in seeds]
     results = []
 
     def progress(res):
