@@ -49,10 +49,11 @@ struct Design {
   // to bf16 first (MLX's `mx.scalar(scale) * q`, JAX's weak typing); the error is a temperature
   // change of up to half an ulp of the format on every logit
   DType sigma = DType::F64;
-  // absorbed: alpha_k multiplied into the latent key (unified: the rope key too) and the product
-  // stored in this format before the dot, where an attention kernel takes no per-key scale
+  // absorbed or kernel: alpha_k multiplied into the latent key (unified: the rope key too) and the
+  // product stored in this format before the dot, where an attention kernel takes no per-key scale
   // (ggml-org/llama.cpp's ggml graph: K_g = ggml_mul(kv latent view, alpha_k) in the cache type;
-  // mlx-lm's SDPA: (c * alpha_k).astype(dtype)); the values stay the latent rows
+  // mlx-lm's SDPA: (c * alpha_k).astype(dtype)); the values stay the latent rows. At kernel level
+  // alpha_q is folded into the given query the same way (no per-row scale either).
   DType key_fold = DType::F64;
   // sigma multiplied into q_latent and the query rope part before rounding
   bool scale_in_q = false;

@@ -157,6 +157,17 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     folded_keys.key_fold = D;
     add("alpha_k folded into stored keys (no per-key scale)", folded_keys);
   }
+  // At kernel level the same, with alpha_q folded into the stored query, alone and with P stored:
+  // PyTorch's scaled_dot_product_attention takes neither scale, so a wrapper folds both into its
+  // bf16 q and k before its flash kernel, which stores P (zoo style torch_cpu_flash, seeds
+  // 103416-103515: lse 3e-4 to 2e-3 where the kernel-level candidates reach ~5e-8; fitted).
+  if (c.norm != NormMode::None && base.form == Form::Kernel) {
+    Design folded = base;
+    folded.key_fold = D;
+    add("alpha_q, alpha_k folded into the stored query and keys", folded);
+    folded.p = D;
+    add("alpha_q, alpha_k folded into the stored query and keys, P stored", folded);
+  }
   if (c.norm != NormMode::None && base.form != Form::Kernel) {
     Design rs = base;
     rs.approx_rsqrt = true;
@@ -250,7 +261,7 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     if (!rounds_at(d.cache, A)) d.cache = DType::F64;
     if (!rounds_at(d.eager, A)) d.eager = DType::F64;
     if (!rounds_at(d.sigma, A)) d.sigma = DType::F64;
-    if (!rounds_at(d.key_fold, A) || d.form != Form::Absorbed) d.key_fold = DType::F64;
+    if (!rounds_at(d.key_fold, A) || d.form == Form::Explicit) d.key_fold = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
       if (x.d == d) return;

@@ -111,6 +111,15 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
           for (Acc& x : q.rope) x = round_point(d.rope, A, x * sigma);
         }
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
+        // A kernel with no per-key scale (an SDPA call) gets alpha_k folded into its stored keys
+        // (design key_fold, attention_core.hpp) and has no per-row scale either: alpha_q is
+        // folded into the given query, each product stored in the same format.
+        if (rounds_at(d.key_fold, A) && cf.norm != NormMode::None) {
+          for (Acc& x : q.q_latent) x = round_point(d.key_fold, A, x * q.row_scale);
+          if (cf.norm == NormMode::Unified)
+            for (Acc& x : q.rope) x = round_point(d.key_fold, A, x * q.row_scale);
+          q.row_scale = Acc(1);
+        }
         if (v == Variant::AlphaQFolded && cf.norm != NormMode::None) {  // each product in Acc
           for (Acc& x : q.q_latent) x = x * q.row_scale;
           if (cf.norm == NormMode::Unified)
