@@ -42,6 +42,12 @@ Tensor in_container(Tensor t, DType d) {
   return t;
 }
 
+// t's values rounded to format f and delivered in it (a kernel writing that format).
+void written_as(Tensor& t, DType f) {
+  for (double& x : t.data) x = round_to(f, x);
+  t.dtype = f;
+}
+
 AuditResult audit(const CaseFile& cf, std::map<std::string, Tensor> outs,
                   const std::string& design = "") {
   AuditOptions o;
@@ -702,8 +708,7 @@ TEST_CASE("audit.real_code.lse_delivered_in_stored_dtype") {
     const DType D = stored_dtype(prof);
     std::map<std::string, Tensor> outs = run_design(cf, spec_design(prof, Form::Absorbed));
     Tensor& lse = outs["lse"];
-    for (double& x : lse.data) x = round_to(D, x);
-    lse.dtype = D;
+    written_as(lse, D);
     const AuditResult r = audit(cf, outs);
     CHECK(r.pass());
     const TensorAudit& a = tensor(r, "lse");
@@ -740,8 +745,7 @@ TEST_CASE("audit.delivered_dtype.latent_out_written_narrower") {
                                           {"lse", o.tensors.at("lse")},
                                           {"latent_out", o.tensors.at("latent_out")}};
     Tensor& lat = outs["latent_out"];
-    for (double& x : lat.data) x = round_to(file, x);
-    lat.dtype = file;
+    written_as(lat, file);
     const AuditResult r = audit(cf, outs);
     CHECK(r.pass());
     const TensorAudit& a = tensor(r, "latent_out");
