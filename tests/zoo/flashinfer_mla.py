@@ -1,10 +1,10 @@
 """A serving engine running QK-normed MLA decode through FlashInfer's BatchMLAPagedAttentionWrapper.
 
-Sources (flashinfer-ai/flashinfer fb28d72): attention/mla.cuh BatchMLAPagedAttentionKernel
-(update_mdo_states_, compute_mla_qk/pv, normalize_d_, write_o), mla_hopper.cuh update_md_
-(BACKEND "fa3"), state.cuh state_t (merge/normalize/get_lse), scheduler.cuh MLAPlan, norm.cuh
+Sources (flashinfer-ai/flashinfer fb28d72): include/flashinfer/attention/mla.cuh BatchMLAPagedAttentionKernel
+(update_mdo_states_, compute_mla_qk/pv, normalize_d_, write_o), include/flashinfer/attention/mla_hopper.cuh update_md_
+(BACKEND "fa3"), include/flashinfer/state.cuh state_t (merge/normalize/get_lse), include/flashinfer/attention/scheduler.cuh MLAPlan, include/flashinfer/norm.cuh
 RMSNormKernel, mla/_core.py run(return_lse, return_lse_base_on_e=False: lse in base 2); SGLang
-flashinfer_mla_backend.py (plan with page_size 1, causal only for multi-token verify steps).
+sglang/srt/layers/attention/flashinfer_mla_backend.py (plan with page_size 1, causal only for multi-token verify steps).
 
 Engine. Load time, in D: W_UK' = D(W_UK diag(gamma_k)) per group (gamma_ck, or unified gamma_k's
 content slice; one rounding, conventions §1.2 gamma_merged for the key gain). Step: query norm as
