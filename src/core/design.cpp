@@ -95,6 +95,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
                                  : k == "rsqrt"        ? &Design::approx_rsqrt
                                  : k == "p_normalized" ? &Design::p_normalized
                                  : k == "sink_in_p"    ? &Design::sink_in_p
+                                 : k == "p_sum_stored" ? &Design::p_sum_stored
                                  : k == "gram_alpha_k" ? &Design::gram_alpha_k
                                                        : nullptr;
     if (option) {
@@ -158,6 +159,7 @@ std::string to_string(const Design& d) {
   if (d.approx_rsqrt) s += ",rsqrt=approx";
   if (d.p_normalized) s += ",p_normalized=yes";
   if (d.sink_in_p) s += ",sink_in_p=yes";
+  if (d.p_sum_stored) s += ",p_sum_stored=yes";
   if (d.gram_alpha_k) s += ",gram_alpha_k=yes";
   return d.gains_merged ? s + ",gains=merged" : s;
 }

@@ -70,6 +70,11 @@ struct Design {
   // column dropped, then .type_as(x): gpt-oss, HF eager with sinks), rather than scaling the
   // accumulated output (FlashMLA, conventions §1.5). Only sink cases differ.
   bool sink_in_p = false;
+  // With P stored before the division (a kernel's tile), the row's denominator summed over the
+  // stored P rather than the accumulate-type weights (FlashInfer's fa2 prefill and MLA kernels:
+  // m16k16_rowsum_f16f16f32 over the cast P fragment). Its lse carries P's rounding; out does not
+  // (the weights still sum to one).
+  bool p_sum_stored = false;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
@@ -77,7 +82,8 @@ struct Design {
            cache == o.cache && eager == o.eager && lse == o.lse && latent_file == o.latent_file &&
            sigma == o.sigma && key_fold == o.key_fold && scale_in_q == o.scale_in_q &&
            exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
-           sink_in_p == o.sink_in_p && gram_alpha_k == o.gram_alpha_k;
+           sink_in_p == o.sink_in_p && p_sum_stored == o.p_sum_stored &&
+           gram_alpha_k == o.gram_alpha_k;
   }
 };
 
@@ -93,8 +99,9 @@ Design accumulate_design(Profile p, Form f);
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
 // kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, latent_file, sigma,
 // key_fold; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's;
-// gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, gram_alpha_k = yes|no):
-// starts from spec_design(profile, form) and sets the keys given. ConfigError names the key.
+// gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, p_sum_stored,
+// gram_alpha_k = yes|no): starts from spec_design(profile, form) and sets the keys given.
+// ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);
 std::string to_string(const Design& d);
 std::string format_word(DType d);  // fp64, fp32, bf16, fp16, fp8

@@ -103,6 +103,12 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   Design flash = base;  // FlashMLA / FlashAttention: P stored for the tensor-core p.v, exp2
   flash.p = D, flash.exp2 = true;
   add("FlashMLA-style (P stored, exp2)", flash);
+  // FlashInfer's fa2 kernels (prefill, MLA decode) take the row sum by an MMA over the cast P, so
+  // lse carries P's rounding (zoo style flashinfer_mla, seeds 103622-103821: 14 of 57 lse
+  // failures, worst_row up to 5.7e3x the candidates'; fitted).
+  Design flash_sum = flash;
+  flash_sum.p_sum_stored = true;
+  add("FlashInfer-style (P stored, exp2, row sum of the stored P)", flash_sum);
   // A PyTorch attention core: fp32 softmax, P cast to the stored dtype after the division
   // (softmax(s, dtype=float32).type_as(x), then P.c in the stored dtype), every other point as
   // the base; at kernel level too, where q_latent arrives stored (zoo seed 72184).
@@ -183,6 +189,8 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design flash_deq = flash;
     flash_deq.cache = DType::BF16;
     add("FlashMLA-style, fp8 cache dequantized to bf16", flash_deq);
+    flash_deq.p_sum_stored = true;  // FlashInfer's MLA wrapper over a repacked bf16 cache
+    add("FlashInfer-style, fp8 cache dequantized to bf16", flash_deq);
     Design normalized_deq = normalized;  // a PyTorch core over kv.to(bf16) * scale
     normalized_deq.cache = DType::BF16;
     add("P stored after the division, fp8 cache dequantized to bf16", normalized_deq);

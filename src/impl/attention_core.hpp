@@ -33,6 +33,7 @@ struct RowRounding {
   // key_fold): the latent key, and under the unified norm the rope key too
   std::optional<DType> key_fold;
   bool p_normalized = false;  // P stored after the division (a module) or before it (a kernel)
+  bool p_sum_stored = false;  // a kernel's denominator summed over its stored P (Design)
   bool exp2 = false;
   // Design::sink_in_p (with p_normalized): the row's sink logit scales P before P is stored;
   // -inf: no sink. Set per row by the caller, from the head's attn_sink.
@@ -45,6 +46,7 @@ struct RowRounding {
     if (rounds_at(d.eager, A)) r.eager = d.eager;
     if (rounds_at(d.key_fold, A)) r.key_fold = d.key_fold;
     r.p_normalized = d.p_normalized;
+    r.p_sum_stored = d.p_sum_stored && !d.p_normalized;
     r.exp2 = d.exp2;
     r.sink_in_p = d.sink_in_p && d.p_normalized;
     return r;
@@ -151,6 +153,12 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
     }
   if (rr.p)
     for (Acc& x : p) x = store(*rr.p, x);
+  if constexpr (std::is_floating_point_v<Acc>)
+    if (rr.p && rr.p_sum_stored && !rr.p_normalized && !p.empty()) {  // sum of the stored tile
+      const Acc stored_sum = ordered_sum<Acc>(int(p.size()), [&](int t) { return p[size_t(t)]; });
+      lse += std::log(stored_sum) - std::log(sum);
+      sum = stored_sum;
+    }
   acc.assign(size_t(width), Acc(0));
   ordered_accumulate<Acc>(
       int64_t(tokens.size()), width, [&](int64_t n) { return p[size_t(n)]; },
