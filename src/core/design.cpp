@@ -105,7 +105,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       continue;
     }
     if (k == "score" || k == "cache" || k == "alpha_q" || k == "eager" || k == "lse" ||
-        k == "latent_file" || k == "sigma" || k == "key_fold") {
+        k == "latent_file" || k == "sigma" || k == "key_fold" || k == "q_normed") {
       const DType x = parse_dtype_word(k, v, p);  // F64: not rounded
       DType& point = k == "score"         ? d.score
                      : k == "cache"       ? d.cache
@@ -114,6 +114,7 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
                      : k == "latent_file" ? d.latent_file
                      : k == "sigma"       ? d.sigma
                      : k == "key_fold"    ? d.key_fold
+                     : k == "q_normed"    ? d.q_normed
                                           : d.alpha_q;
       point = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
       continue;
@@ -148,6 +149,7 @@ std::string to_string(const Design& d) {
   s += ",out=" + format_word(d.out);
   if (d.score != DType::F64) s += ",score=" + format_word(d.score);
   if (d.alpha_q != DType::F64) s += ",alpha_q=" + format_word(d.alpha_q);
+  if (d.q_normed != DType::F64) s += ",q_normed=" + format_word(d.q_normed);
   if (d.cache != DType::F64) s += ",cache=" + format_word(d.cache);
   if (d.eager != DType::F64) s += ",eager=" + format_word(d.eager);
   if (d.lse != DType::F64) s += ",lse=" + format_word(d.lse);

@@ -33,6 +33,11 @@ struct Design {
   // at a point: not rounded (every accumulate type is within F64).
   DType score = DType::F64;    // the logit and its two dot products stored (a PyTorch module: bf16)
   DType alpha_q = DType::F64;  // the query statistic stored before use (a PyTorch module: bf16)
+  // absorbed: the normalized, gained query (alpha_q gamma_q gamma_k q_nope) stored before the
+  // product with WK, alpha_q then carried by the query: a module's RMSNorm output in its dtype
+  // (SGLang, vLLM, FlashInfer's RMSNorm -> bf16), ggml's mul_mat converting its F32 input to the
+  // weight type. Not a conventions §3 point: F64.
+  DType q_normed = DType::F64;
   DType cache = DType::F64;  // absorbed: the dequantized fp8 latent cache stored (bf16) before use
   // absorbed: every elementwise op's output stored (a PyTorch module in eager mode: the gain
   // product, the gained query, the transient key, each step of the rope parts' norm and rotation,
@@ -79,11 +84,11 @@ struct Design {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
            gains_merged == o.gains_merged && score == o.score && alpha_q == o.alpha_q &&
-           cache == o.cache && eager == o.eager && lse == o.lse && latent_file == o.latent_file &&
-           sigma == o.sigma && key_fold == o.key_fold && scale_in_q == o.scale_in_q &&
-           exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt && p_normalized == o.p_normalized &&
-           sink_in_p == o.sink_in_p && p_sum_stored == o.p_sum_stored &&
-           gram_alpha_k == o.gram_alpha_k;
+           q_normed == o.q_normed && cache == o.cache && eager == o.eager && lse == o.lse &&
+           latent_file == o.latent_file && sigma == o.sigma && key_fold == o.key_fold &&
+           scale_in_q == o.scale_in_q && exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt &&
+           p_normalized == o.p_normalized && sink_in_p == o.sink_in_p &&
+           p_sum_stored == o.p_sum_stored && gram_alpha_k == o.gram_alpha_k;
   }
 };
 
@@ -97,8 +102,8 @@ Design spec_design(Profile p, Form f);
 Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
-// kv, rope_key, alpha_k, p, latent_out, out, score, cache, eager, lse, latent_file, sigma,
-// key_fold; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's;
+// kv, rope_key, alpha_k, p, latent_out, out, score, q_normed, cache, eager, lse, latent_file,
+// sigma, key_fold; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's;
 // gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, p_sum_stored,
 // gram_alpha_k = yes|no): starts from spec_design(profile, form) and sets the keys given.
 // ConfigError names the key.

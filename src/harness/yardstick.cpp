@@ -162,6 +162,15 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design folded_keys = base;
     folded_keys.key_fold = D;
     add("alpha_k folded into stored keys (no per-key scale)", folded_keys);
+    // A module's RMSNorm returns the normalized query in its dtype before the absorption product
+    // (SGLang's and vLLM's MLA modules, FlashInfer's RMSNorm; ggml's mul_mat converts its F32
+    // input to the weight type): zoo seed 103956, ggml_cpu fp16 outliers, one-token rows' lse
+    // (a logit) 4.5x the candidates' seq_shift; fitted.
+    Design normed = base;
+    normed.q_normed = D;
+    add("normalized query stored before the absorption", normed);
+    folded_keys.q_normed = D;  // both, as ggml's graph and mlx-lm's module in the stored dtype
+    add("alpha_k folded into stored keys, normalized query stored", folded_keys);
   }
   // At kernel level the same, with alpha_q folded into the stored query, alone and with P stored:
   // PyTorch's scaled_dot_product_attention takes neither scale, so a wrapper folds both into its

@@ -217,13 +217,19 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
             (w[size_t(j)] * hook::gain_q(p, gq[size_t(j)])) * hook::gain_k(p, gk[size_t(j)]);
     }
   }
+  // A module's normalized query, stored before the absorption product, carries alpha_q (under
+  // the unified norm its rope part too, below).
+  const bool normed_stored = !none && v == Variant::Default && rounds_at(d.q_normed, A);
+  if (normed_stored)
+    for (Acc& x : w) x = store(d.q_normed, x * q.alpha_q);
   q.q_latent.resize(size_t(r));
   std::vector<const Acc*> rows(static_cast<size_t>(r));  // row l of WK_g: W[l, g*d_c : (g+1)*d_c]
   for (int l = 0; l < r; ++l) rows[size_t(l)] = W->data() + int64_t(l) * G * dc + g * dc;
   ordered_dots(w.data(), rows.data(), r, dc, q.q_latent.data());
   // Folded and normalized-first queries carry alpha_q themselves; in unified mode alpha_q scales
   // the whole score, so the query rope part carries it as well.
-  const bool folded = v == Variant::AlphaQFolded, carries = folded || v == Variant::QNormedFirst;
+  const bool folded = v == Variant::AlphaQFolded,
+             carries = folded || v == Variant::QNormedFirst || normed_stored;
   q.row_scale = carries ? Acc(1) : hook::alpha_q_applied(p, q.alpha_q);
   if (folded)
     for (Acc& x : q.q_latent) x *= q.alpha_q;
