@@ -17,7 +17,9 @@ fork of the kernel: the content MMA in its own fp32 accumulator, times alpha_k o
 FMA'd onto the rope score (blockwise) or the whole score times alpha_k (unified); norm = none runs
 the kernel unmodified. Kernel level: alpha_q folded into the given query (fp32 product -> D).
 fp8: latent dequantized to bf16, D(f32(code) * scale), as repack_fp8_kv_to_bf16. No fp32/fp64
-(the MMA kernel has no such path), no top-k or sinks (the fa2/fa3 MLA path takes neither).
+(the MMA kernel has no such path), no sinks (the fa2/fa3 MLA path takes none). Sparse top-k:
+one request per query row with page_size-1 kv_indices listing its tokens (added after the first
+runs, by this project, to cover the index lists an engine can hand the kernel).
 
 Kernel (fa2: CTA_TILE_KV 64, QK_SHARD). Tokens gathered through kv_indptr/kv_indices from a
 shuffled pool (NaN in unused slots; page_size 64 or 1 by seed parity); out-of-range rows zero-filled.
@@ -37,7 +39,7 @@ from fastmath import ex2_approx, rsqrt_approx
 
 LEVELS = ("module", "kernel")
 PROFILES = ("bf16", "fp16", "fp8", "fp8-block128")
-FEATURES = ()
+FEATURES = ("topk",)
 BACKEND = "fa2"
 NUM_SM, CTA_TILE_Q, CTA_TILE_KV, MMA_K = 132, 64, 64, 16
 F32, F64 = np.float32, np.float64
@@ -209,7 +211,7 @@ def _mma(a, b, acc=None):
     return acc
 
 
-def cta(cs, q, qr, ck, kp, ak, q_idx, a, e, kv_len, scale2, D, bug):
+def cta(cs, q, qr, ck, kp, ak, q_idx, a, e, kv_len, scale2, D, bug, causal=True):
     """One work item over tokens [a, e): normalized o [R, r] fp32 and lse base 2 [R]."""
     R = q.shape[0]
     m, o = np.full(R, -np.inf, F32), np.zeros((R, cs.r), F32)
@@ -226,7 +228,7 @@ def cta(cs, q, qr, ck, kp, ak, q_idx, a, e, kv_len, scale2, D, bug):
         else:                                                            # fork: content * alpha_k + rope
             s_c = _mma(q, ck[t])
             s = _fma(s_c, ak[:, t], s_r) if s_r is not None else _f32(s_c.astype(F64) * ak[:, t])
-        vis = ~(t[None, :] + cs.S > kv_len + q_idx[:, None]) if cs.causal else np.ones((R, t.size), bool)
+        vis = ~(t[None, :] + cs.S > kv_len + q_idx[:, None]) if cs.causal and causal else np.ones((R, t.size), bool)
         s = np.where(vis, s, -np.inf).astype(F32)
         m_prev, m = m, np.maximum(m, s.max(1))
         m_sc = np.maximum(_f32(m.astype(F64) * scale2), F32(-np.finfo(F32).max))
@@ -281,6 +283,8 @@ def decode(cs, q, qr, c, kr, ak, bug):
     pool, indptr, indices, ps = page_pool(cs, c, kr, ak, cs.seqlens)
     scale2 = _f32(F64(F32(cs.scale)) * F64(LOG2E))                       # sm_scale * log2e in fp32
     o_all, lse_all = np.zeros((B, S * H, cs.r), F32), np.full((B, S * H), -np.inf, F32)
+    if cs.has("indices"):                                                # sparse top-k
+        return _decode_topk(cs, q, qr, pool, indptr, indices, ps, scale2, bug)
     for b, rows, chunks, split in plan(lens, S, H, cs.causal):          # rows: packed q*H + h
         T = lens[b]
         if T == 0:
@@ -299,6 +303,31 @@ def decode(cs, q, qr, c, kr, ak, bug):
             o, lse = parts[0]
         o_all[b, rows], lse_all[b, rows] = o, lse
     return o_all.reshape(B, S, H, cs.r), lse_all.reshape(B, S, H)
+
+
+def _decode_topk(cs, q, qr, pool, indptr, indices, ps, scale2, bug):
+    """Sparse top-k through the same kernel: one request per query row, its kv_indices the row's
+    listed tokens (-1 pads dropped; the list replaces the causal window, conventions §1.5), as an
+    engine lists a token set through the page table; planned as S_q = 1 requests, no mask."""
+    D, B, S, H, G = cs.stored, cs.B, cs.S, cs.H, cs.G
+    topk = cs.raw("indices")                                             # [B, S, k]
+    reqs = [(b, i, topk[b, i][topk[b, i] >= 0].astype(np.int64)) for b in range(B) for i in range(S)]
+    o_all, lse_all = np.zeros((B, S, H, cs.r), F32), np.full((B, S, H), -np.inf, F32)
+    for n, rows, chunks, split in plan([t.size for _, _, t in reqs], 1, H, False):
+        b, i, tok = reqs[n]
+        if tok.size == 0:
+            continue
+        pg = indices[indptr[b] + tok // ps]
+        ck = pool["ckv"][pg, tok % ps].astype(F32)
+        kp = pool["kpe"][pg, tok % ps].astype(F32) if qr is not None else None
+        akr = pool["ak"][pg, tok % ps][:, (rows % H) // (H // G)].T if "ak" in pool else None
+        qq = q[b, i][rows].astype(F32)
+        qqr = qr[b, i][rows].astype(F32) if qr is not None else None
+        parts = [cta(cs, qq, qqr, ck, kp, akr, rows * 0, a, e, tok.size, scale2, D, bug, False)
+                 for a, e in chunks]
+        o, lse = merge([(po.astype(D), pl) for po, pl in parts]) if split else parts[0]
+        o_all[b, i, rows], lse_all[b, i, rows] = o, lse
+    return o_all, lse_all
 
 
 def run(case, bug=None):
@@ -336,6 +365,8 @@ BUGS = {
 
 def bug_applies(cfg, bug):
     live = [int(T) for T in cfg["seqlens"]]
+    if bug == "kv_len_minus_one" and cfg.get("topk"):
+        return False                                                     # the lists set the tokens
     if bug == "one_sequence":
         return live[-1] > 0
     if bug in ("alpha_k_gained_key", "gamma_k_into_w_uv"):
