@@ -17,9 +17,10 @@ fork of the kernel: the content MMA in its own fp32 accumulator, times alpha_k o
 FMA'd onto the rope score (blockwise) or the whole score times alpha_k (unified); norm = none runs
 the kernel unmodified. Kernel level: alpha_q folded into the given query (fp32 product -> D).
 fp8: latent dequantized to bf16, D(f32(code) * scale), as repack_fp8_kv_to_bf16. No fp32/fp64
-(the MMA kernel has no such path), no sinks (the fa2/fa3 MLA path takes none). Sparse top-k:
-one request per query row with page_size-1 kv_indices listing its tokens (added after the first
-runs, by this project, to cover the index lists an engine can hand the kernel).
+(the MMA kernel has no such path). Added after the first runs, by this project, so that the zoo
+has a style summing its stored P on every feature: sparse top-k as one request per query row with
+page_size-1 kv_indices listing its tokens; an attention sink (the fa2/fa3 MLA path takes none) as
+an fp32 epilogue o * 1/(1 + ex2(s_h log2 e - lse2)) on the merged output, lse returned without it.
 
 Kernel (fa2: CTA_TILE_KV 64, QK_SHARD). Tokens gathered through kv_indptr/kv_indices from a
 shuffled pool (NaN in unused slots; page_size 64 or 1 by seed parity); out-of-range rows zero-filled.
@@ -39,7 +40,7 @@ from fastmath import ex2_approx, rsqrt_approx
 
 LEVELS = ("module", "kernel")
 PROFILES = ("bf16", "fp16", "fp8", "fp8-block128")
-FEATURES = ("topk",)
+FEATURES = ("topk", "attn_sink")
 BACKEND = "fa2"
 NUM_SM, CTA_TILE_Q, CTA_TILE_KV, MMA_K = 132, 64, 64, 16
 F32, F64 = np.float32, np.float64
@@ -335,6 +336,11 @@ def run(case, bug=None):
     D = cs.stored
     q, qr, c, kr, ak = kernel_level(cs) if cs.level == "kernel" else prelude(cs, bug)
     o, lse2 = decode(cs, q, qr, c, kr, ak, bug)
+    if cs.has("attn_sink"):                                              # sink epilogue, fp32
+        s2 = (cs.get("attn_sink", F32) * LOG2E).astype(F32)              # [H], base 2
+        with np.errstate(over="ignore", invalid="ignore"):
+            f = F32(1) / (F32(1) + ex2_approx((s2 - np.where(np.isfinite(lse2), lse2, 0)).astype(F32)))
+        o = o * np.where(np.isfinite(lse2), f, F32(0))[..., None].astype(F32)
     if bug == "one_head":
         o[:, :, -1] *= F32(1.05)
     if bug == "one_sequence":
