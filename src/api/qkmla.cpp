@@ -61,7 +61,7 @@ auto guarded(F&& f) {
   try {
     return f();
   } catch (const ConfigError& e) {
-    throw std::invalid_argument(std::string("invalid case: ") + e.what());
+    throw std::invalid_argument(std::string("invalid configuration: ") + e.what());
   } catch (const InputError& e) {
     throw std::invalid_argument(std::string("bad input: ") + e.what());
   } catch (const ResourceError& e) {

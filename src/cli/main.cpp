@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     for (auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
   } catch (const ConfigError& e) {
-    std::cerr << "qkmla: invalid case: " << e.what() << "\n";
+    std::cerr << "qkmla: invalid configuration: " << e.what() << "\n";
     return 2;
   } catch (const InputError& e) {
     std::cerr << "qkmla: bad input: " << e.what() << "\n";
