@@ -26,6 +26,12 @@ A second measure, reported beside it, takes sys_global against the larger of the
 realized value and their noise level, sqrt(sum over rows of <x-y, y>_row^2) / <y, y> (what the
 projection reaches when the rows' errors are independent draws): styles that round the same values
 the same way share one draw of it (proofs/budgets.md, "the systematic error's noise level").
+A third, `class_admissible`, takes each statistic against the larger of the correct styles' value
+and the judge's own yardstick for it on the judged file (`admissible`): conventions §5's target is
+an error 10x what every correct implementation of the admissible designs makes, and the zoo's
+styles implement only some of those designs. It checks the judge's thresholds against its own
+yardsticks (a bug > 10x both that PASSes is a miss by the judge's own account); the headline
+class, against the zoo's styles alone, checks the yardsticks themselves.
 Output: kill / false-alarm matrix by style and bug class, the commit of the checkout it runs from, the binary
 and the seed range. Exit 1 on any false alarm (a correct style FAILs or is refused with exit 2)
 or any should-catch bug that PASSes.
@@ -220,6 +226,10 @@ def stats(x, y, name):
     res["sys_rows"] = float(np.sqrt(np.mean((rdy[ok] / ryy[ok]) ** 2))) if ok.any() else 0.0
     # what sys_global reaches when the rows' projections are independent draws of their size
     res["sys_global_noise"] = float(np.sqrt(np.sum(rdy * rdy)) / (ny * ny)) if ny > 0 else 0.0
+    if name == "lse":  # what a shift of s nats makes of sys_global and sys_rows: s times these
+        res["shift_to_sys_global"] = float(abs(np.sum(yy)) / (ny * ny)) if ny > 0 else 0.0
+        rsy = np.abs(np.sum(yy, axis=row_axes))
+        res["shift_to_sys_rows"] = float(np.sqrt(np.mean((rsy[ok] / ryy[ok]) ** 2))) if ok.any() else 0.0
     return res
 
 
@@ -228,17 +238,21 @@ def audit(binary, case, outs, label, extra=()):
     t0 = time.time()
     p = subprocess.run([binary, "audit", case, outs, "--format", "json", "--label", label, *extra],
                        capture_output=True, text=True, timeout=600)
-    verdict, judged = None, {}
+    verdict, judged, yard = None, {}, {}
     try:
         j = json.loads(p.stdout)
         verdict = j.get("verdict") if isinstance(j, dict) else None
         for t in j.get("tensors", []):  # the judge's own ratios: how close a correct run came
             judged[t["tensor"]] = {"baseline_ratio": t.get("baseline_ratio")} | {
                 s["stat"]: s["ratio"] for s in t.get("structure", [])}
+            # and its yardsticks: what the admissible designs for this file reach
+            yard[t["tensor"]] = {"rel_l2": t.get("yardstick_rel_l2")} | {
+                s["stat"]: s.get("yardstick") for s in t.get("structure", [])}
     except Exception:
         pass
     return {"rc": p.returncode, "verdict": verdict, "audit_s": round(time.time() - t0, 3),
-            "judged": judged, "stderr": p.stderr.strip()[-400:] if p.returncode == 2 else ""}
+            "judged": judged, "yardsticks": yard,
+            "stderr": p.stderr.strip()[-400:] if p.returncode == 2 else ""}
 
 
 def run_seed(args_tuple):
@@ -321,6 +335,39 @@ def classify(runs):
                       "band" if ratio > 2 else "rounding")
         r["class_noise"] = ("should-catch" if (nonfinite or ratio_n > 10) else
                             "band" if ratio_n > 2 else "rounding")
+        ratio_a, arg_a = 0.0, None
+        for t, st in r["stats"].items():
+            for s in STATS:
+                if (t, s) not in best:
+                    continue
+                v = st.get(s, 0.0)
+                b = max(best[(t, s)], admissible(r.get("yardsticks", {}).get(t, {}), st, t, s))
+                q = float("inf") if (b <= 0 and v > 0) else (v / b if b > 0 else 0.0)
+                if q > ratio_a:
+                    ratio_a, arg_a = q, f"{t}.{s}"
+        r["ratio_admissible"], r["ratio_admissible_stat"] = ratio_a, arg_a
+        r["class_admissible"] = ("should-catch" if (nonfinite or ratio_a > 10) else
+                                 "band" if ratio_a > 2 else "rounding")
+
+
+def admissible(yard, st, tensor, stat):
+    """What the admissible designs for the judged file reach on one of the zoo's statistics, from
+    the yardsticks the audit printed for it (0 where it printed none): conventions §5's target is
+    an error 10x what every correct implementation of an admissible design makes, and the zoo's
+    correct styles implement only some of those designs. rel_l2: the least accurate consistent
+    design's; worst_unit: the largest of the worst row, head and sequence yardsticks; sys_global /
+    sys_rows: bias / row_bias for out and latent_out, and for lse the seq_shift yardstick (nats)
+    as the projection a shift of that size makes on the reference."""
+    def y(k):
+        v = yard.get(k)
+        return v if isinstance(v, (int, float)) and v == v and v != float("inf") else 0.0
+    if stat == "rel_l2":
+        return y("rel_l2")
+    if stat == "worst_unit":
+        return max(y("worst_row"), y("worst_head"), y("worst_seq"))
+    if tensor == "lse":
+        return y("seq_shift") * st.get("shift_to_" + stat, 0.0)
+    return y("bias" if stat == "sys_global" else "row_bias")
 
 
 # ----------------------------------------------------------------------------- report
@@ -348,6 +395,7 @@ def margins(results):
 def summarize(results, binary, seeds, main_commit, total_s):
     fa, missed, errors, overflowed = [], [], [], []
     noise_aware = [0, 0]  # should-catch by ratio_noise: killed, instances
+    admissible_kills, missed_adm = [0, 0], []  # should-catch by ratio_admissible
     by = {}
     for res in results:
         if res.get("error"):
@@ -380,6 +428,12 @@ def summarize(results, binary, seeds, main_commit, total_s):
             if r.get("class_noise") == "should-catch":
                 noise_aware[1] += 1
                 noise_aware[0] += r["rc"] == 1
+            if r.get("class_admissible") == "should-catch":
+                admissible_kills[1] += 1
+                admissible_kills[0] += r["rc"] == 1
+                if r["rc"] == 0:
+                    missed_adm.append(f"seed {res['seed']} {r['label']} ratio={r['ratio_admissible']:.3g} "
+                                      f"({r['ratio_admissible_stat']})")
             if r["class"] == "should-catch" and r["rc"] == 0:
                 rn = f", {r['ratio_noise']:.3g} against the noise level" if "ratio_noise" in r else ""
                 missed.append(f"seed {res['seed']} {r['label']} ratio={r['ratio']:.3g} ({r['ratio_stat']}{rn})")
@@ -414,7 +468,15 @@ def summarize(results, binary, seeds, main_commit, total_s):
         lines += [f"- kill rate, should-catch with sys_global measured against the correct styles' "
                   f"noise level too (ratio_noise): {noise_aware[0]}/{noise_aware[1]} = "
                   f"{100 * noise_aware[0] / noise_aware[1]:.1f} %"]
+    if admissible_kills[1]:
+        lines += [f"- kill rate, should-catch against every admissible design (each statistic "
+                  f"against the larger of the correct styles' and the judge's yardstick for the "
+                  f"file, run_zoo.admissible): {admissible_kills[0]}/{admissible_kills[1]} = "
+                  f"{100 * admissible_kills[0] / admissible_kills[1]:.1f} %"]
     lines += [""]
+    if missed_adm:
+        lines += ["## Should-catch against every admissible design, PASSED", ""]
+        lines += [f"- {x}" for x in missed_adm[:200]] + [""]
     if fa:
         lines += ["## False alarm list", ""] + [f"- {x}" for x in fa[:200]] + [""]
     if overflowed:
