@@ -344,8 +344,11 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     }
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
-      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored
-      const auto e = [&](Acc x) { return store(*rr.eager, x); };
+      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored, and each of
+      // those stores dithered in a draw as a stored logit is: another module's chain rounds each
+      // of them differently (zoo seed 104680, an fp8 `large_logits` near tie: one row 0.63 off in
+      // a correct eager module, 11x what draws of the final logit alone reached)
+      const auto e = [&](Acc x) { return stored_logit(*rr.eager, x); };
       const Acc x = unified ? e(e(e(e(latent) + e(rope)) * q.row_scale) * ak)
                             : e(e(e(e(latent) * q.row_scale) * ak) + e(rope));
       return e(scale * x);
