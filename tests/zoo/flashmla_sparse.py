@@ -32,9 +32,9 @@ Sources (deepseek-ai/FlashMLA 9241ae3, read, not copied):
   time for WG1's half of P.V (each warpgroup owns half of the 512 output columns, so block 2j's
   P is rounded differently in the two halves); invalid indices zero-filled by cp.async; epilogue
   1/(l + exp2f(sink*log2e - m)) -> bf16, lse = logf(l) + m * CUDART_LN2_F, +inf for l == 0.
-- tests/quant.py (quantize_k_cache / dequantize_k_cache, the 656-byte V32_FP8Sparse layout;
+- FlashMLA/tests/quant.py (quantize_k_cache / dequantize_k_cache, the 656-byte V32_FP8Sparse layout;
   abs_indices2indices_in_kvcache: block_table[b, t // page] * page + t % page, -1 kept) and
-  tests/ref.py (ref_sparse_attn_decode: the sink as 1/(1 + exp(sink - lse)), lse without it).
+  FlashMLA/tests/ref.py (ref_sparse_attn_decode: the sink as 1/(1 + exp(sink - lse)), lse without it).
 - FlashMLA compiles with --use_fast_math: exp2f is ex2.approx.ftz (fastmath.ex2_approx), logf is
   lg2.approx times ln 2, log2f lg2.approx (modelled as fp32 rounding of the exact log2); the
   reciprocals (__fdividef, 1.0f / x) are modelled as correctly rounded fp32.
@@ -539,7 +539,7 @@ def _combine(os_, ls, sink, bug):
 
 # ----------------------------------------------------------------------------- sparse_fwd (bf16)
 def sparse_fwd_bf16(cs, inp, pool, gidx, sink, bug):
-    """flash_mla_sparse_fwd on sm90 (phase1.cuh), one q token (b, i) at a time: fp32 output just
+    """flash_mla_sparse_fwd on sm90 (csrc/sm90/prefill/sparse/phase1.cuh), one q token (b, i) at a time: fp32 output just
     before its bf16 store [B,S,H,r] and lse [B,S,H] (natural, +inf when empty)."""
     B, S, H, G, r, dr = cs.B, cs.S, cs.H, cs.G, cs.r, cs.dr
     gmap = np.arange(H) // (H // G)
