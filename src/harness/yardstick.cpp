@@ -430,7 +430,10 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
     if (order == 0) {  // the noise levels first: their ill-conditioned rows leave the masks
       std::map<size_t, std::vector<Outputs>> dithered;
       for (size_t n = 0; n < plain.size(); ++n)
-        if (rounds_at(plain[n].score, A)) dithered[n] = outs[n];
+        if (rounds_at(plain[n].score, A) ||  // kernel level: the folded query (attention_core.hpp)
+            (rounds_at(plain[n].key_fold, A) && k.cfg.level == Level::Kernel &&
+             k.cfg.norm != NormMode::None))
+          dithered[n] = outs[n];
       const Changes ch = dithered_changes(
           dithered, [&](size_t n) { return run_designs(k, {plain[n]}).front(); }, tensors);
       mark_ill_rows(ch, truth, masks, y);

@@ -58,7 +58,13 @@ struct RowRounding {
 // normal draw from `rng`: the variance of two independent roundings to that format
 // (transformers' eager module stores q.k^T, then the scaled logit), an independent draw of what
 // the design's own roundings, shared by all of its samples, happened to make. Normal, not random
-// signs: two tied tokens' +-1 signs cancel half the time. Per thread.
+// signs: two tied tokens' +-1 signs cancel half the time. Per thread. The same for one other value
+// a logit is made of: at kernel level a folded design's query (alpha_q x the given query,
+// stored), whose rounding moves each of the row's logits as a stored logit's does (zoo seed
+// 104914). Not each factor of the eager chain (that raised a module-level case's bias yardstick
+// ~3.4x: a head x 1.05 went from 9.9x to 2.9x, test
+// audit.structure.catches_what_rel_l2_averages_away), nor a folded design's keys (tried together
+// with the eager chain: the same failure).
 struct LogitDither {
   int draw = -1;
   Rng rng{1};
@@ -68,9 +74,10 @@ inline LogitDither& logit_dither() {
   return d;
 }
 
-// A logit as a design stores it: rounded to `f`, then dithered while a draw is on.
+// A value a logit is made of, as a design stores it: rounded to `f`, then dithered while a draw
+// is on.
 template <class Acc>
-Acc stored_logit(DType f, Acc l) {
+Acc dithered_store(DType f, Acc l) {
   Acc s = store(f, l);
   if constexpr (std::is_floating_point_v<Acc>) {
     LogitDither& d = logit_dither();
@@ -135,7 +142,7 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
       return attend_split(tokens, logit, value, width, acc, rr, sum_order().splits);
   std::vector<Acc> p;
   p.reserve(tokens.size());
-  for (int64_t t : tokens) p.push_back(rr.score ? stored_logit(*rr.score, logit(t)) : logit(t));
+  for (int64_t t : tokens) p.push_back(rr.score ? dithered_store(*rr.score, logit(t)) : logit(t));
   Acc lse, sum = 1;
   if constexpr (std::is_floating_point_v<Acc>) {
     if (rr.p && !rr.p_normalized) {  // a kernel's tile: exp(l - m) stored, divided by the sum last
@@ -344,11 +351,11 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     }
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
     if (rr.eager) {  // as a module's ops: ((latent x alpha_q) x alpha_k + rope) x sigma (unified:
-      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored, and each of
-      // those stores dithered in a draw as a stored logit is: another module's chain rounds each
-      // of them differently (zoo seed 104680, an fp8 `large_logits` near tie: one row 0.63 off in
-      // a correct eager module, 11x what draws of the final logit alone reached)
-      const auto e = [&](Acc x) { return stored_logit(*rr.eager, x); };
+      // (latent + rope) x alpha_q x alpha_k x sigma), every product and sum stored. Not dithered
+      // in a draw: each factor dithered raised a bf16 module case's bias yardstick 3.4x (a head x
+      // 1.05 passed at 2.9x; test audit.structure.catches_what_rel_l2_averages_away), so zoo seed
+      // 104680's near-tie row (an eager module, 11x the draws of the final logit) stays failed.
+      const auto e = [&](Acc x) { return store(*rr.eager, x); };
       const Acc x = unified ? e(e(e(e(latent) + e(rope)) * q.row_scale) * ak)
                             : e(e(e(e(latent) * q.row_scale) * ak) + e(rope));
       return e(scale * x);

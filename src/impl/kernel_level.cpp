@@ -115,9 +115,9 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
         // (design key_fold, attention_core.hpp) and has no per-row scale either: alpha_q is
         // folded into the given query, each product stored in the same format.
         if (rounds_at(d.key_fold, A) && cf.norm != NormMode::None) {
-          for (Acc& x : q.q_latent) x = round_point(d.key_fold, A, x * q.row_scale);
+          for (Acc& x : q.q_latent) x = dithered_store(d.key_fold, x * q.row_scale);
           if (cf.norm == NormMode::Unified)
-            for (Acc& x : q.rope) x = round_point(d.key_fold, A, x * q.row_scale);
+            for (Acc& x : q.rope) x = dithered_store(d.key_fold, x * q.row_scale);
           q.row_scale = Acc(1);
         }
         if (v == Variant::AlphaQFolded && cf.norm != NormMode::None) {  // each product in Acc
