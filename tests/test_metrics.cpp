@@ -95,7 +95,8 @@ TEST_CASE("metrics.structure.definitions") {
   CHECK(s.seq_noise[1] == doctest::Approx(5.0));  // one value: its noise level is itself
   CHECK(s.seq_mean[0] == 0.0);
   CHECK(s.seq_scale[0] == doctest::Approx(3.0));
-  CHECK(s.seq_scale[1] == 1.0);
+  // a projection's scale: max(1, 1 / RMS of its y), what an absolute error of 1 moves it by
+  CHECK(s.seq_scale[1] == doctest::Approx(10.0));
   CHECK(s.seq_shift == doctest::Approx(5.0));
   // Two one-token values, errors 0.5 and 0 at 0.1 and 3: one unit, 0.5 / sqrt(9.01).
   s = structure_of(lx, ly, {}, {0.0, 0.0, 1.0, 1.0});

@@ -144,6 +144,12 @@ std::vector<StructureCheck> structure_checks(const Yardstick& ys, const std::str
                          ? std::max(common, floor / std::sqrt(double(std::max<int64_t>(n, 1))))
                          : floor;
     StructureCheck c{stat, v[i], top, v[i] / std::max(top, f), true};
+    if (stat == "worst_row" && st.one_token_rel > 0) {  // lse: the one-token unit's own floor
+      const double a = std::max({top, f, common / st.one_token_rms});
+      c.ratio = st.many_token_worst / std::max(top, f);
+      if (st.one_token_rel / a > c.ratio)
+        c.ratio = st.one_token_rel / a, c.yardstick = a, c.value = st.one_token_rel;
+    }
     if (stat == "seq_shift") {  // sequence by sequence, against the samples' means and noise
       const std::vector<double> allow = ys.seq_allowance(t);
       c.ratio = 0;

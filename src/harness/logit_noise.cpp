@@ -55,9 +55,9 @@ std::vector<double> row_of(const Tensor& x, size_t r, int64_t w) {
 // row's lse) puts that direction in through its draws; a free row scale let one head x 1.10 pass
 // on an ill row (probe seed 555511).
 std::vector<std::vector<double>> tie_basis(const Changes& ch, const std::string& t,
-                                           const Tensor& ref, size_t r, double median) {
+                                           const Tensor& ref, size_t r, double median,
+                                           std::vector<std::vector<double>> basis = {}) {
   const int64_t w = ref.shape[3];
-  std::vector<std::vector<double>> basis;
   auto add = [&](std::vector<double> v, double floor) {
     if (int64_t(basis.size()) >= w) return;
     project_out(basis, v);
@@ -81,22 +81,60 @@ double residual(const std::vector<std::vector<double>>& basis, std::vector<doubl
 
 // A dithered draw on this thread while in scope (impl/attention_core.hpp LogitDither).
 struct DitherScope {
-  explicit DitherScope(int draw) {
+  DitherScope(int draw, bool chain) {
     impl::logit_dither().draw = draw;
-    impl::logit_dither().rng = Rng(uint64_t(draw) + 1);
+    impl::logit_dither().chain = chain;
+    impl::logit_dither().rng = Rng(uint64_t(draw) + (chain ? 1001 : 1));
   }
-  ~DitherScope() { impl::logit_dither().draw = -1; }
+  ~DitherScope() { impl::logit_dither().draw = -1, impl::logit_dither().chain = false; }
 };
+
+// Per tensor and row of out and latent_out, the row's noise level under `ch`'s draws: the RMS
+// over draws of |d| / |y| over `masks`, the largest over designs; NaN where the row has no
+// reference to measure against.
+std::map<std::string, std::vector<double>> row_levels(
+    const Changes& ch, const TruthOf& truth, std::map<std::string, std::vector<bool>>& masks) {
+  std::map<std::string, std::vector<double>> level;
+  for (const auto& [n, per_t] : ch)
+    for (const auto& [t, ds] : per_t) {
+      const Tensor* ref = truth(t);
+      if (!ref || ref->shape.size() != 4 || ref->shape[3] == 0) continue;
+      const int64_t w = ref->shape[3], rows = ref->numel() / w;
+      std::vector<double> sq(size_t(rows), 0.0), yy(size_t(rows), 0.0);
+      for (const Tensor& d : ds)
+        for (int64_t i = 0; i < d.numel(); ++i)
+          if ((masks[t].empty() || masks[t][size_t(i)]) && std::isfinite(d[i]) &&
+              std::isfinite((*ref)[i]))
+            sq[size_t(i / w)] += d[i] * d[i], yy[size_t(i / w)] += (*ref)[i] * (*ref)[i];
+      std::vector<double>& l = level[t];
+      l.resize(size_t(rows), std::nan(""));
+      for (int64_t r = 0; r < rows; ++r)
+        if (yy[size_t(r)] > 0) {
+          const double v = std::sqrt(sq[size_t(r)] / yy[size_t(r)]);
+          l[size_t(r)] = std::isnan(l[size_t(r)]) ? v : std::max(l[size_t(r)], v);
+        }
+    }
+  return level;
+}
+
+double median_of(const std::vector<double>& l) {
+  std::vector<double> live;
+  for (double v : l)
+    if (!std::isnan(v)) live.push_back(v);  // a row the draws leave unchanged counts: 0
+  if (live.empty()) return std::nan("");
+  std::nth_element(live.begin(), live.begin() + std::ptrdiff_t(live.size() / 2), live.end());
+  return live[live.size() / 2];
+}
 
 }  // namespace
 
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
-                         const std::vector<std::string>& tensors) {
+                         const std::vector<std::string>& tensors, bool chain) {
   Changes ch;
   for (const auto& [n, outs0] : base)
     for (int draw = 0; draw < kDraws; ++draw) {
-      DitherScope scope(draw);
+      DitherScope scope(draw, chain);
       const std::vector<Outputs> outs = rerun(n);
       for (size_t v = 0; v < outs.size() && v < outs0.size(); ++v)
         for (const std::string& t : tensors) {
@@ -110,43 +148,37 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
   return ch;
 }
 
-void mark_ill_rows(const Changes& ch, const TruthOf& truth,
+void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& truth,
                    std::map<std::string, std::vector<bool>>& masks, Yardstick& y) {
-  std::map<std::string, std::vector<double>> level;  // per tensor, per row
-  for (const auto& [n, per_t] : ch)
-    for (const auto& [t, ds] : per_t) {
-      const Tensor* ref = truth(t);
-      if (!ref || ref->shape.size() != 4 || ref->shape[3] == 0) continue;
-      const int64_t w = ref->shape[3], rows = ref->numel() / w;
-      std::vector<double> sq(size_t(rows), 0.0), yy(size_t(rows), 0.0);
-      for (const Tensor& d : ds)
-        for (int64_t i = 0; i < d.numel(); ++i)
-          if ((masks[t].empty() || masks[t][size_t(i)]) && std::isfinite(d[i]) &&
-              std::isfinite((*ref)[i]))
-            sq[size_t(i / w)] += d[i] * d[i], yy[size_t(i / w)] += (*ref)[i] * (*ref)[i];
-      std::vector<double>& l = level[t];  // NaN: a row with no reference to measure against
-      l.resize(size_t(rows), std::nan(""));
-      for (int64_t r = 0; r < rows; ++r)
-        if (yy[size_t(r)] > 0) {
-          const double v = std::sqrt(sq[size_t(r)] / yy[size_t(r)]);
-          l[size_t(r)] = std::isnan(l[size_t(r)]) ? v : std::max(l[size_t(r)], v);
-        }
+  // Each source's rows against its own median: a chain draw moves every row of its design more
+  // than a final-logit draw does, and a row ill under one is ill.
+  std::vector<std::map<std::string, std::vector<double>>> levels;
+  std::vector<std::map<std::string, double>> medians;
+  for (const Changes* ch : sources) levels.push_back(row_levels(*ch, truth, masks));
+  std::map<std::string, std::vector<double>> allowance;  // per tensor, per row; 0: not ill
+  for (size_t s = 0; s < sources.size(); ++s) {
+    medians.emplace_back();
+    for (const auto& [t, l] : levels[s]) {
+      const double median = median_of(l);
+      if (std::isnan(median)) continue;
+      medians[s][t] = median;
+      std::vector<double>& a = allowance[t];
+      a.resize(l.size(), 0.0);
+      for (size_t r = 0; r < l.size(); ++r)
+        if (!std::isnan(l[r]) && l[r] > kIllRow * median) a[r] = std::max(a[r], l[r]);
     }
-  for (auto& [t, l] : level) {
-    std::vector<double> live;
-    for (double v : l)
-      if (!std::isnan(v)) live.push_back(v);  // a row the draws leave unchanged counts: 0
-    if (live.empty()) continue;
-    std::nth_element(live.begin(), live.begin() + std::ptrdiff_t(live.size() / 2), live.end());
-    const double median = live[live.size() / 2];
+  }
+  for (auto& [t, a] : allowance) {
+    // an ill row's allowance: the largest level any source gives it, ill there or not
+    for (const auto& lv : levels)
+      if (lv.count(t))
+        for (size_t r = 0; r < a.size(); ++r)
+          if (a[r] > 0 && !std::isnan(lv.at(t)[r])) a[r] = std::max(a[r], lv.at(t)[r]);
     const int64_t w = truth(t)->shape[3];
     std::vector<bool> ill(size_t(truth(t)->numel()), false);
     bool any = false;
-    for (size_t r = 0; r < l.size(); ++r) {
-      if (std::isnan(l[r]) || !(l[r] > kIllRow * median)) {
-        l[r] = 0;
-        continue;
-      }
+    for (size_t r = 0; r < a.size(); ++r) {
+      if (!(a[r] > 0)) continue;
       any = true;
       for (int64_t i = int64_t(r) * w; i < int64_t(r + 1) * w; ++i) {
         ill[size_t(i)] = true;
@@ -160,19 +192,21 @@ void mark_ill_rows(const Changes& ch, const TruthOf& truth,
     }
     const Tensor& ref = *truth(t);
     std::vector<double>& res = y.ill_residual[t];
-    res.assign(l.size(), 0.0);
-    for (size_t r = 0; r < l.size(); ++r) {
+    res.assign(a.size(), 0.0);
+    for (size_t r = 0; r < a.size(); ++r) {
       if (!ill[r * size_t(w)]) continue;
       std::vector<std::vector<double>>& basis = y.ill_basis[t][r];
-      basis = tie_basis(ch, t, ref, r, median);
+      for (size_t s = 0; s < sources.size(); ++s)
+        if (medians[s].count(t)) basis = tie_basis(*sources[s], t, ref, r, medians[s].at(t), basis);
       const double ny = norm(row_of(ref, r, w));
-      for (const auto& [n, per_t] : ch)  // what the draws leave outside the span
-        if (per_t.count(t))
-          for (const Tensor& d : per_t.at(t))
-            res[r] = std::max(res[r], residual(basis, row_of(d, r, w), ny));
+      for (const Changes* ch : sources)  // what the draws leave outside the span
+        for (const auto& [n, per_t] : *ch)
+          if (per_t.count(t))
+            for (const Tensor& d : per_t.at(t))
+              res[r] = std::max(res[r], residual(basis, row_of(d, r, w), ny));
     }
     y.ill[t] = std::move(ill);
-    y.ill_allowance[t] = std::move(l);
+    y.ill_allowance[t] = std::move(a);
   }
 }
 

@@ -21,16 +21,19 @@ namespace qkmla {
 using Changes = std::map<size_t, std::map<std::string, std::vector<Tensor>>>;
 
 // `base[n]`: design n's forward-order outputs, one per variant; `rerun(n)` runs design n again
-// (every variant, forward order) while a dithered draw is on.
+// (every variant, forward order) while a dithered draw is on; `chain`: each stored factor of an
+// eager design's logit dithered too (impl/attention_core.hpp LogitDither).
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
-                         const std::vector<std::string>& tensors);
+                         const std::vector<std::string>& tensors, bool chain = false);
 
-// Rows of out and latent_out ([B, S_q, H, w]) whose noise level (RMS over a design's draws of the
-// row's |d| / |y|, the largest over designs) exceeds ten times the median row's (a row the draws
-// leave unchanged counts, as 0): they leave `masks` (every statistic and sample is then measured
-// without them) and go to y.ill, their noise levels to y.ill_allowance.
-void mark_ill_rows(const Changes& ch, const TruthOf& truth,
+// Rows of out and latent_out ([B, S_q, H, w]) whose noise level under one source's draws (RMS
+// over a design's draws of the row's |d| / |y|, the largest over designs) exceeds ten times that
+// source's median row's (a row the draws leave unchanged counts, as 0): they leave `masks` (every
+// statistic and sample is then measured without them) and go to y.ill, their largest noise level
+// over the sources to y.ill_allowance, the directions every source's draws move them along to
+// y.ill_basis.
+void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& truth,
                    std::map<std::string, std::vector<bool>>& masks, Yardstick& y);
 
 // Yardstick::Noise from the draws' changes: each change d measured as the error ref + d against

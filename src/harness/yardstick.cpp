@@ -434,9 +434,15 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
             (rounds_at(plain[n].key_fold, A) && k.cfg.level == Level::Kernel &&
              k.cfg.norm != NormMode::None))
           dithered[n] = outs[n];
-      const Changes ch = dithered_changes(
-          dithered, [&](size_t n) { return run_designs(k, {plain[n]}).front(); }, tensors);
-      mark_ill_rows(ch, truth, masks, y);
+      const auto rerun = [&](size_t n) { return run_designs(k, {plain[n]}).front(); };
+      const Changes ch = dithered_changes(dithered, rerun, tensors);
+      // an eager design's chain draws: its ill rows' allowances, not every statistic's floor
+      // (impl/attention_core.hpp LogitDither)
+      std::map<size_t, std::vector<Outputs>> eager;
+      for (size_t n = 0; n < plain.size(); ++n)
+        if (rounds_at(plain[n].eager, A)) eager[n] = outs[n];
+      const Changes chain = dithered_changes(eager, rerun, tensors, true);
+      mark_ill_rows({&ch, &chain}, truth, masks, y);
       noise_levels(ch, truth, masks, lse_floor, y);
     }
     for (size_t n = 0; n < outs.size(); ++n)

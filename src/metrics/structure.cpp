@@ -51,7 +51,7 @@ void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
   s.seq_mean.assign(size_t(2 * B), 0.0), s.seq_noise.assign(size_t(2 * B), 0.0);
   s.seq_scale.assign(size_t(2 * B), 1.0);
   for (int64_t b = 0; b < B; ++b) {
-    long double sum = 0, sq = 0, ysq = 0, ey = 0, yy = 0, eeyy = 0;
+    long double sum = 0, sq = 0, ysq = 0, ey = 0, yy = 0, eeyy = 0, n1 = 0;
     int64_t n = 0;
     for (int64_t i = b * per_seq; i < (b + 1) * per_seq; ++i) {
       if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
@@ -60,16 +60,17 @@ void seq_means(const Tensor& x, const Tensor& y, const std::vector<bool>& mask,
       if (lse_floor.empty() || lse_floor[size_t(i)] > 0)
         sum += e, sq += e * e, ysq += v * v, ++n;
       else
-        ey += e * v, yy += v * v, eeyy += e * e * v * v;
+        ey += e * v, yy += v * v, eeyy += e * e * v * v, n1 += 1;
     }
     if (n) {
       s.seq_mean[size_t(2 * b)] = double(std::fabs(sum / n));
       s.seq_noise[size_t(2 * b)] = double(std::sqrt(sq / n) / std::sqrt((long double)n));
-      s.seq_scale[size_t(2 * b)] = double(std::sqrt(ysq / n));
+      s.seq_scale[size_t(2 * b)] = std::max(1.0, double(std::sqrt(ysq / n)));
     }
     if (yy > 0) {
       s.seq_mean[size_t(2 * b + 1)] = double(std::fabs(ey / yy));
       s.seq_noise[size_t(2 * b + 1)] = double(std::sqrt(eeyy) / yy);
+      s.seq_scale[size_t(2 * b + 1)] = std::max(1.0, double(std::sqrt(n1 / yy)));
     }
   }
   s.seq_shift = 0;
@@ -108,6 +109,7 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
   if (rank == 3) {  // lse: a row is one number, its error measured against max(|y|, floor)
     s.worst_row = 0;
     long double ee = 0, yy = 0;  // one-token rows (floor 0), together one unit: its rel_l2
+    int64_t ones = 0;
     for (int64_t i = 0; i < n; ++i) {
       if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(x[i]) || !std::isfinite(y[i]))
         continue;
@@ -116,9 +118,14 @@ Structure structure_of(const Tensor& x, const Tensor& y, const std::vector<bool>
       if (floor > 0)
         s.worst_row = std::max(s.worst_row, std::fabs(x[i] - y[i]) / scale);
       else
-        ee += (long double)(x[i] - y[i]) * (x[i] - y[i]), yy += (long double)y[i] * y[i];
+        ee += (long double)(x[i] - y[i]) * (x[i] - y[i]), yy += (long double)y[i] * y[i], ++ones;
     }
-    if (yy > 0) s.worst_row = std::max(s.worst_row, double(std::sqrt(ee / yy)));
+    s.many_token_worst = s.worst_row;
+    if (yy > 0) {
+      s.one_token_rel = double(std::sqrt(ee / yy));
+      s.one_token_rms = double(std::sqrt(yy / ones));
+      s.worst_row = std::max(s.worst_row, s.one_token_rel);
+    }
   }
   s.worst_head = rank >= 3 ? head.worst() : nan;
   s.worst_seq = seq.worst();

@@ -21,6 +21,13 @@ struct Structure {
   // norm, since a logit that nearly cancels has a large relative error in any correct order);
   // it has no row_bias.
   double worst_row = 0, worst_head = 0, worst_seq = 0;
+  // lse only (0 otherwise): worst_row's two parts, the rows that see more than one token and the
+  // one-token unit's rel_l2, and the RMS of that unit's reference. A normalizer l through an
+  // approximate exp is ~2 ulp off, an absolute error of lse (log l) in nats whatever the logit's
+  // size: on a one-token row's tiny logit (zoo seed 105029, FlashMLA's sparse decode, exp2 of a
+  // nonzero FMA residual: l = 1 - 2^-24 on a logit of 2.3e-5) it is a large relative one, so an
+  // audit allows that unit u_common / one_token_rms.
+  double many_token_worst = 0, one_token_rel = 0, one_token_rms = 0;
   // rank-4 tensors (out, latent_out) only, NaN otherwise:
   double bias = 0;      // |<x - y, y>| / <y, y>: a common scale error of the whole tensor
   double row_bias = 0;  // RMS over rows of the per-row <x - y, y> / <y, y>: per-row scale errors
@@ -55,11 +62,13 @@ struct Structure {
   // share their roundings, and another correct implementation's mean, an independent draw, was
   // 3.6x theirs (zoo seed 78503, fp8, a one-token sequence of 16 heads).
   std::vector<double> seq_mean, seq_noise;
-  // Per entry, the size of the reference it measures: RMS of y over a mean's rows, 1 for a
-  // projection (already relative). A floor scales with it: a kernel's rounded constants (log2 e,
-  // the scale times log2 e, ln 2 back from base 2) move every logit, and so lse, by a relative
-  // ulp or two one way (zoo seed 79014, FlashMLA-style kernel, fp32 lse near 200: a mean of
-  // 2.2e-5, 1.7 ulp).
+  // Per entry, the size of the reference it measures, against which a relative floor is
+  // absolute: a kernel's rounded constants (log2 e, the scale times log2 e, ln 2 back from base 2)
+  // move every logit, and so lse, by a relative ulp or two one way (zoo seed 79014, FlashMLA-style
+  // kernel, fp32 lse near 200: a mean of 2.2e-5, 1.7 ulp), and a normalizer through an
+  // approximate exp moves lse by an ulp or two in nats whatever its size (one_token_rel). So
+  // max(RMS of y, 1) over a mean's rows; max(1, 1 / RMS of y) for a projection (already relative,
+  // and an absolute error c moves it by up to c / RMS).
   std::vector<double> seq_scale;
 };
 

@@ -22,6 +22,9 @@ instance is
                  correct styles on that case (or it has a non-finite position the ref lacks),
   2-10x band     if the largest such ratio is in (2, 10],
   rounding-level otherwise.
+"All correct styles" includes one record of the zoo's own: lse off by 2^-24 nats on every row, what
+the GPU styles' normalizer reaches when ex2.approx meets a negative FMA residual, a row's chance
+(normalizer_envelope; zoo seed 105029).
 A second measure, reported beside it, takes sys_global against the larger of the correct styles'
 realized value and their noise level, sqrt(sum over rows of <x-y, y>_row^2) / <y, y> (what the
 projection reaches when the rows' errors are independent draws): styles that round the same values
@@ -53,6 +56,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import load, save_outputs  # noqa: E402
+from fastmath import ex2_approx  # noqa: E402
 
 STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "sdpa_explicit",
           "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla", "vllm_triton",
@@ -61,7 +65,7 @@ STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "s
 # seeds from here on also draw sparse top-k, attention sinks and fp8-block128 (case_spec); the
 # specs of earlier seeds are unchanged, since reports cite them
 NEW_FEATURES_FROM = 95000
-FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539, 96000-96239, 100100-100139, 100300-100399, 100400-100499, 102000-102099, 102610-102809, 103050-103149, 103416-103515, 103622-103821, 103956, 104823-104922 and, with --long, 200001-200060 (each held seeds that prompted a fix)"
+FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539, 96000-96239, 100100-100139, 100300-100399, 100400-100499, 102000-102099, 102610-102809, 103050-103149, 103416-103515, 103622-103821, 103956, 104623-104722, 104823-104922, 105023-105041 and, with --long, 200001-200060 (each held seeds that prompted a fix)"
 OUTPUTS = ("out", "lse", "latent_out")
 STATS = ("rel_l2", "worst_unit", "sys_global", "sys_rows")
 
@@ -292,15 +296,30 @@ def run_seed(args_tuple):
             save_outputs(outs, op)
             rec.update(audit(binary, case_path, op, label, getattr(mod, "AUDIT_ARGS", ())))
             runs.append(rec)
-    classify(runs)
+    classify(runs, normalizer_envelope(refs))
     return {"seed": seed, "spec": spec, "runs": runs, "seconds": round(time.time() - t_seed, 2)}
 
 
-def classify(runs):
+def normalizer_envelope(refs):
+    """A correct-style record: lse off by what the zoo's GPU styles' normalizer can be off in nats on
+    any row. flashinfer_mla and flashmla_sparse take ex2.approx of an FMA residual (s*scale2 - m,
+    m = s*scale2 rounded) that is zero in exact arithmetic; where it comes out negative,
+    fastmath.ex2_approx gives 1 - 2^-24, so a one-token row's lse is 2^-24 off whatever its size
+    (zoo seed 105029). Each row's residual sign is chance: a seed's correct styles show it on some
+    rows or none, so the headline classes take it on every row, one way."""
+    if "lse" not in refs:
+        return None
+    off = -float(np.log(np.float64(ex2_approx(np.float32(-1e-12)))))  # 5.96e-8
+    y = refs["lse"].astype(np.float64)
+    return {"bug": None, "style": "normalizer_envelope", "overflow": False,
+            "stats": {"lse": stats(np.where(np.isfinite(y), y - off, y), refs["lse"], "lse")}}
+
+
+def classify(runs, envelope=None):
     corr = [r for r in runs if r["bug"] is None and "stats" in r]
     for r in corr:  # a correct style that overflowed (fp16 range) has no output to judge
         r["overflow"] = any(st.get("nonfinite", 0) for st in r["stats"].values())
-    corr = [r for r in corr if not r["overflow"]]
+    corr = [r for r in corr if not r["overflow"]] + ([envelope] if envelope else [])
     best, noise = {}, {}
     for r in corr:
         for t, st in r["stats"].items():
