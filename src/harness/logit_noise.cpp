@@ -255,6 +255,28 @@ void noise_levels(const Changes& ch, const TruthOf& truth,
     }
 }
 
+void approximate_exp_noise(const Tensor& ref, const std::vector<bool>& mask,
+                           const std::vector<double>& lse_floor, DType A,
+                           const std::vector<size_t>& designs, Yardstick& y) {
+  const double c = 2 * unit_roundoff(A);
+  Tensor z = ref;  // [B, S_q, H]: lse moved by c nats
+  long double dd = 0, yy = 0;
+  for (int64_t i = 0; i < z.numel(); ++i) {
+    if ((!mask.empty() && !mask[size_t(i)]) || !std::isfinite(z[i])) continue;
+    z[i] -= c;
+    dd += (long double)c * c, yy += (long double)ref[i] * ref[i];
+  }
+  if (!(yy > 0)) return;
+  const Structure st = structure_of(z, ref, mask, lse_floor);
+  Yardstick::Noise a;
+  a.tensor = "lse";
+  a.rel_l2 = double(std::sqrt(dd / yy));
+  a.structure = structure_values(st);
+  a.structure[0] = std::nan("");  // worst_row: structure_names()[0]
+  a.seq_mean = st.seq_mean;
+  for (size_t n : designs) a.design = n, y.noise.push_back(a);
+}
+
 void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& t, Yardstick& y) {
   if (!y.ill.count(t)) return;
   std::vector<double>& a = y.ill_allowance[t];

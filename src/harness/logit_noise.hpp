@@ -42,6 +42,18 @@ void noise_levels(const Changes& ch, const TruthOf& truth,
                   std::map<std::string, std::vector<bool>>& masks,
                   const std::vector<double>& lse_floor, Yardstick& y);
 
+// lse's noise level from a normalizer through an approximate exp (one per design in `designs`):
+// l = sum_t exp(s_t - m) 2 ulp of the accumulate type A off is an error of lse = m + log l in
+// nats whatever lse's size, and so a large relative one on a row that sees one token with a logit
+// near 0, and on a head or sequence of such rows (zoo seeds 105029, 105104, 105119:
+// FlashMLA's sparse decode takes ex2.approx of a nonzero FMA residual, l = 1 - 2^-24). Measured
+// as lse moved by that much on every row; its worst_row is not measured here (NaN): an audit
+// allows the one-token unit its own floor (metrics/structure.hpp one_token_rel), so that the
+// rows that see more tokens keep theirs.
+void approximate_exp_noise(const Tensor& ref, const std::vector<bool>& mask,
+                           const std::vector<double>& lse_floor, DType A,
+                           const std::vector<size_t>& designs, Yardstick& y);
+
 // y.ill_allowance of tensor t widened to sample x's rel_l2 on each ill-conditioned row, and
 // y.ill_residual to its residual there.
 void widen_ill_allowance(const Tensor& x, const Tensor& ref, const std::string& t, Yardstick& y);

@@ -444,6 +444,11 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
       const Changes chain = dithered_changes(eager, rerun, tensors, true);
       mark_ill_rows({&ch, &chain}, truth, masks, y);
       noise_levels(ch, truth, masks, lse_floor, y);
+      if (truth("lse") && std::count(tensors.begin(), tensors.end(), "lse")) {
+        std::vector<size_t> all(plain.size());
+        for (size_t n = 0; n < all.size(); ++n) all[n] = n;
+        approximate_exp_noise(*truth("lse"), masks["lse"], lse_floor, A, all, y);
+      }
     }
     for (size_t n = 0; n < outs.size(); ++n)
       for (size_t v = 0; v < outs[n].size(); ++v) {
