@@ -210,6 +210,16 @@ void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& tr
   }
 }
 
+bool has_ill_rows(const Changes& ch, const TruthOf& truth,
+                  std::map<std::string, std::vector<bool>>& masks) {
+  for (const auto& [t, l] : row_levels(ch, truth, masks)) {
+    const double median = median_of(l);
+    for (double v : l)
+      if (!std::isnan(v) && v > kIllRow * median) return true;
+  }
+  return false;
+}
+
 void noise_levels(const Changes& ch, const TruthOf& truth,
                   std::map<std::string, std::vector<bool>>& masks,
                   const std::vector<double>& lse_floor, Yardstick& y) {

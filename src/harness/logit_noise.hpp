@@ -36,6 +36,10 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
 void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& truth,
                    std::map<std::string, std::vector<bool>>& masks, Yardstick& y);
 
+// Whether mark_ill_rows would find an ill-conditioned row in `ch` alone.
+bool has_ill_rows(const Changes& ch, const TruthOf& truth,
+                  std::map<std::string, std::vector<bool>>& masks);
+
 // Yardstick::Noise from the draws' changes: each change d measured as the error ref + d against
 // ref over `masks`, statistic by statistic, and the RMS over draws and variants.
 void noise_levels(const Changes& ch, const TruthOf& truth,
