@@ -3,12 +3,15 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "core/rng.hpp"
 #include "helpers.hpp"
+#include "impl/profile_math.hpp"
 
 using namespace qkmla;
 
@@ -104,4 +107,36 @@ TEST_CASE("dtype.fast_path_matches_slow_path") {
       CHECK((r == ru || r == rd));
     }
   }
+}
+
+// A float's bf16 and fp32 stores are inline in impl::store (every kernel model's keys, scores and
+// P go through it): the same bits as round_to, on exact ties of both parities, the largest
+// finite values (which round to inf), infinities, subnormals and random floats.
+TEST_CASE("dtype.store_inline_matches_round_to") {
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           INFINITY,
+                           -INFINITY,
+                           std::numeric_limits<float>::max(),
+                           -std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::denorm_min(),
+                           1e-40f};
+  for (uint32_t hi : {0x3F80u, 0x3F81u, 0x7F7Fu, 0x0001u, 0xBF80u, 0xBF81u})
+    for (uint32_t lo : {0x7FFFu, 0x8000u, 0x8001u, 0x0000u, 0xFFFFu}) {
+      const uint32_t u = hi << 16 | lo;
+      float f;
+      std::memcpy(&f, &u, 4);
+      xs.push_back(f);
+    }
+  Rng rng(test::seed(62));
+  for (int n = 0; n < 100000; ++n)
+    xs.push_back(float(std::ldexp(rng.normal(), int(rng.below(280)) - 140)));
+  int differ = 0;
+  for (float f : xs) {
+    const float a = impl::store(DType::BF16, f), b = float(round_to(DType::BF16, double(f)));
+    const float c = impl::store(DType::F32, f), e = float(round_to(DType::F32, double(f)));
+    differ += std::memcmp(&a, &b, 4) != 0 || std::memcmp(&c, &e, 4) != 0;
+  }
+  CHECK(differ == 0);
+  CHECK(std::isnan(impl::store(DType::BF16, std::numeric_limits<float>::quiet_NaN())));
 }

@@ -83,12 +83,7 @@ double round_to(DType d, double x) {
     // x is a float: one RNE step from its bits (bf16: carry into the upper half; fp16: Eigen's
     // float->half, which rounds to nearest even). The slow path below gives the same result.
     if (d == DType::F16) return float(Eigen::half(xf));
-    uint32_t u;
-    std::memcpy(&u, &xf, 4);
-    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
+    return round_bf16(xf);
   }
   const FloatFormat f = format_of(d);
   if (std::isinf(x)) return f.has_inf ? x : std::copysign(f.max_finite, x);

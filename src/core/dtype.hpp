@@ -1,6 +1,7 @@
 // Storage formats and the one rounding function every implementation uses to store a value.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace qkmla {
@@ -27,6 +28,18 @@ int dtype_size(DType d);                      // bytes per element
 // (never through an intermediate format). Overflow gives +-inf, or +-max for e4m3 (saturation).
 // NaN stays NaN. I32 rounds to nearest integer (ties to even) without range checks.
 double round_to(DType d, double x);
+
+// round_to(BF16, x) for a float x that is not NaN, inline (a kernel model stores every key and
+// score this way): one RNE step on the bits, the carry into the upper half (inf stays inf, the
+// largest finite values round up to inf as round_to's slow path does).
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 
 // Unit in the last place of y in format d (at zero and in the subnormal range: the subnormal
 // quantum). NaN for non-finite y.

@@ -73,9 +73,14 @@ std::vector<Acc> latent_rows(const Case& k, int b, int64_t T) {
   return latent_rows<Acc>(k, b, 0, T);
 }
 
-// Round an accumulated value to the stored dtype (RNE, once, from the Acc value).
+// Round an accumulated value to the stored dtype (RNE, once, from the Acc value). A float's bf16
+// and fp32 stores inline (round_to's bits: test dtype.store_inline_matches_round_to).
 template <class Acc>
 Acc store(DType d, Acc x) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (d == DType::F32) return x;
+    if (d == DType::BF16 && !std::isnan(x)) return round_bf16(x);
+  }
   return Acc(round_to(d, double(x)));
 }
 
