@@ -324,9 +324,11 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
   const auto key_row = [&](int64_t t, size_t n) {
     const Acc* row = cache.row(t, slot(n));
     if (!rr.key_fold) return row;
-    for (int l = 0; l < r; ++l)
-      keys[n * size_t(r) + size_t(l)] = store(*rr.key_fold, alpha_k(t) * row[l]);
-    return static_cast<const Acc*>(&keys[n * size_t(r)]);
+    const Acc a = alpha_k(t);
+    const DType f = *rr.key_fold;
+    Acc* key = &keys[n * size_t(r)];
+    for (int l = 0; l < r; ++l) key[l] = store(f, a * row[l]);
+    return static_cast<const Acc*>(key);
   };
   if (!pt.score_lowp) {  // a block of tokens at a time: each score is its own dot
     std::vector<const Acc*> rows;
@@ -348,8 +350,9 @@ Acc latent_attend(const MlaConfig& cf, const LatentQuery<Acc>& q, const LatentVi
     // a folded design's alpha_k is in the keys; under the unified norm in the rope key too
     const Acc ak = rr.key_fold ? Acc(1) : alpha_k(t);
     if (rr.key_fold && unified) {
+      const Acc a = alpha_k(t);
       for (int j = 0; j < dr; ++j)
-        rope_key[size_t(j)] = store(*rr.key_fold, alpha_k(t) * cache.rope[t * dr + j]);
+        rope_key[size_t(j)] = store(*rr.key_fold, a * cache.rope[t * dr + j]);
       rope = dot(q.rope.data(), rope_key.data(), dr);
     }
     if (rr.score) latent = store(*rr.score, latent), rope = store(*rr.score, rope);
