@@ -55,9 +55,9 @@ std::vector<double> row_of(const Tensor& x, size_t r, int64_t w) {
 // row's lse) puts that direction in through its draws; a free row scale let one head x 1.10 pass
 // on an ill row (probe seed 555511).
 std::vector<std::vector<double>> tie_basis(const Changes& ch, const std::string& t,
-                                           const Tensor& ref, size_t r, double median,
-                                           std::vector<std::vector<double>> basis = {}) {
+                                           const Tensor& ref, size_t r, double median) {
   const int64_t w = ref.shape[3];
+  std::vector<std::vector<double>> basis;
   auto add = [&](std::vector<double> v, double floor) {
     if (int64_t(basis.size()) >= w) return;
     project_out(basis, v);
@@ -148,38 +148,23 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
   return ch;
 }
 
-void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& truth,
+void mark_ill_rows(const Changes& ch, const Changes& widen, const TruthOf& truth,
                    std::map<std::string, std::vector<bool>>& masks, Yardstick& y) {
-  // Each source's rows against its own median: a chain draw moves every row of its design more
-  // than a final-logit draw does, and a row ill under one is ill.
-  std::vector<std::map<std::string, std::vector<double>>> levels;
-  std::vector<std::map<std::string, double>> medians;
-  for (const Changes* ch : sources) levels.push_back(row_levels(*ch, truth, masks));
-  std::map<std::string, std::vector<double>> allowance;  // per tensor, per row; 0: not ill
-  for (size_t s = 0; s < sources.size(); ++s) {
-    medians.emplace_back();
-    for (const auto& [t, l] : levels[s]) {
-      const double median = median_of(l);
-      if (std::isnan(median)) continue;
-      medians[s][t] = median;
-      std::vector<double>& a = allowance[t];
-      a.resize(l.size(), 0.0);
-      for (size_t r = 0; r < l.size(); ++r)
-        if (!std::isnan(l[r]) && l[r] > kIllRow * median) a[r] = std::max(a[r], l[r]);
-    }
-  }
-  for (auto& [t, a] : allowance) {
-    // an ill row's allowance: the largest level any source gives it, ill there or not
-    for (const auto& lv : levels)
-      if (lv.count(t))
-        for (size_t r = 0; r < a.size(); ++r)
-          if (a[r] > 0 && !std::isnan(lv.at(t)[r])) a[r] = std::max(a[r], lv.at(t)[r]);
+  // `widen`'s levels, taken before any row leaves the masks
+  const std::map<std::string, std::vector<double>> wider = row_levels(widen, truth, masks);
+  for (auto& [t, l] : row_levels(ch, truth, masks)) {
+    const double median = median_of(l);
+    if (std::isnan(median)) continue;
     const int64_t w = truth(t)->shape[3];
     std::vector<bool> ill(size_t(truth(t)->numel()), false);
     bool any = false;
-    for (size_t r = 0; r < a.size(); ++r) {
-      if (!(a[r] > 0)) continue;
+    for (size_t r = 0; r < l.size(); ++r) {
+      if (std::isnan(l[r]) || !(l[r] > kIllRow * median)) {
+        l[r] = 0;
+        continue;
+      }
       any = true;
+      if (wider.count(t) && !std::isnan(wider.at(t)[r])) l[r] = std::max(l[r], wider.at(t)[r]);
       for (int64_t i = int64_t(r) * w; i < int64_t(r + 1) * w; ++i) {
         ill[size_t(i)] = true;
         if (!masks[t].empty()) masks[t][size_t(i)] = false;
@@ -192,21 +177,19 @@ void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& tr
     }
     const Tensor& ref = *truth(t);
     std::vector<double>& res = y.ill_residual[t];
-    res.assign(a.size(), 0.0);
-    for (size_t r = 0; r < a.size(); ++r) {
+    res.assign(l.size(), 0.0);
+    for (size_t r = 0; r < l.size(); ++r) {
       if (!ill[r * size_t(w)]) continue;
       std::vector<std::vector<double>>& basis = y.ill_basis[t][r];
-      for (size_t s = 0; s < sources.size(); ++s)
-        if (medians[s].count(t)) basis = tie_basis(*sources[s], t, ref, r, medians[s].at(t), basis);
+      basis = tie_basis(ch, t, ref, r, median);
       const double ny = norm(row_of(ref, r, w));
-      for (const Changes* ch : sources)  // what the draws leave outside the span
-        for (const auto& [n, per_t] : *ch)
-          if (per_t.count(t))
-            for (const Tensor& d : per_t.at(t))
-              res[r] = std::max(res[r], residual(basis, row_of(d, r, w), ny));
+      for (const auto& [n, per_t] : ch)  // what the draws leave outside the span
+        if (per_t.count(t))
+          for (const Tensor& d : per_t.at(t))
+            res[r] = std::max(res[r], residual(basis, row_of(d, r, w), ny));
     }
     y.ill[t] = std::move(ill);
-    y.ill_allowance[t] = std::move(a);
+    y.ill_allowance[t] = std::move(l);
   }
 }
 

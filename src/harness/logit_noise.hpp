@@ -27,13 +27,16 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
                          const std::vector<std::string>& tensors, bool chain = false);
 
-// Rows of out and latent_out ([B, S_q, H, w]) whose noise level under one source's draws (RMS
-// over a design's draws of the row's |d| / |y|, the largest over designs) exceeds ten times that
-// source's median row's (a row the draws leave unchanged counts, as 0): they leave `masks` (every
-// statistic and sample is then measured without them) and go to y.ill, their largest noise level
-// over the sources to y.ill_allowance, the directions every source's draws move them along to
-// y.ill_basis.
-void mark_ill_rows(const std::vector<const Changes*>& sources, const TruthOf& truth,
+// Rows of out and latent_out ([B, S_q, H, w]) whose noise level under `ch`'s draws (RMS over a
+// design's draws of the row's |d| / |y|, the largest over designs) exceeds ten times the median
+// row's (a row the draws leave unchanged counts, as 0): they leave `masks` (every statistic and
+// sample is then measured without them) and go to y.ill, the directions `ch`'s draws move them
+// along to y.ill_basis and what those draws leave outside that span to y.ill_residual. Their
+// noise level, the larger of `ch`'s and `widen`'s (an eager design's chain draws), goes to
+// y.ill_allowance: `widen` finds no row and adds no direction, since its draws move a row in
+// every direction (zoo seed 105185: with them in the span, a bug's 47 % on an ill row left
+// nothing outside it, and one_sequence passed where ill_residual had failed it at 566x).
+void mark_ill_rows(const Changes& ch, const Changes& widen, const TruthOf& truth,
                    std::map<std::string, std::vector<bool>>& masks, Yardstick& y);
 
 // Whether mark_ill_rows would find an ill-conditioned row in `ch` alone.

@@ -444,7 +444,7 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
         for (size_t n = 0; n < plain.size(); ++n)
           if (rounds_at(plain[n].eager, A)) eager[n] = outs[n];
       const Changes chain = dithered_changes(eager, rerun, tensors, true);
-      mark_ill_rows({&ch, &chain}, truth, masks, y);
+      mark_ill_rows(ch, chain, truth, masks, y);
       noise_levels(ch, truth, masks, lse_floor, y);
       if (truth("lse") && std::count(tensors.begin(), tensors.end(), "lse")) {
         std::vector<size_t> all(plain.size());
