@@ -84,6 +84,7 @@ struct DitherScope {
   DitherScope(int draw, bool chain) {
     impl::logit_dither().draw = draw;
     impl::logit_dither().chain = chain;
+    // a chain draw's stream apart from the final-logit draw of the same index
     impl::logit_dither().rng = Rng(uint64_t(draw) + (chain ? 1001 : 1));
   }
   ~DitherScope() { impl::logit_dither().draw = -1, impl::logit_dither().chain = false; }

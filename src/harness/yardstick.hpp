@@ -89,8 +89,10 @@ struct Yardstick {
   // each one once for all of its samples, so they hold one draw of that rounding, however small
   // by chance. Its noise level (harness/logit_noise.hpp): per tensor, the RMS over dithered draws
   // of rel_l2, of each structure statistic and of lse's per-sequence means of the change a draw
-  // makes, measured as an error against the truth. rms(), structure_max() and seq_allowance()
-  // take the larger of the samples' value and this level, as bias_noise does for bias.
+  // makes, measured as an error against the truth. Every design's lse has one more: lse moved
+  // by an approximate exp's normalizer error on every row (logit_noise.hpp
+  // approximate_exp_noise). rms(), structure_max() and seq_allowance() take the larger of the
+  // samples' value and these levels, as bias_noise does for bias.
   struct Noise {
     size_t design = 0;
     std::string tensor;
@@ -126,17 +128,17 @@ struct Yardstick {
 
   // RMS of rel_l2 of tensor t over design n's samples, leaving out the run `self` (null: none;
   // the gate's cpu.* row is the forward-order run of its own design and variant), at least design
-  // n's stored-logit noise level; NaN when no sample remains. A sample whose bits merely equal the
+  // n's noise levels; NaN when no sample remains. A sample whose bits merely equal the
   // judged tensor's is a correct run and stays: a correctly rounded output is bit-identical to
   // several samples.
   double rms(size_t n, const std::string& t, const SampleId* self = nullptr) const;
   // max over designs of rms(n, t); `which` receives the design (NaN, npos: none).
   double least_accurate(const std::string& t, size_t* which = nullptr) const;
   // max over every sample of structure statistic `stat` (an index into structure_names()), and
-  // over every stored-logit noise level; NaN when none.
+  // over every noise level; NaN when none.
   double structure_max(const std::string& t, size_t stat) const;
   // lse's seq_shift allowance per sequence: max over every sample of max(seq_mean, seq_noise)
-  // (metrics/structure.hpp) and over the stored-logit noise levels; empty when no sample has them.
+  // (metrics/structure.hpp) and over the noise levels; empty when no sample has them.
   std::vector<double> seq_allowance(const std::string& t) const;
   // max over every sample of a noise level (Structure::bias_noise or row_bias_noise); 0 when none.
   double noise_max(const std::string& t, double Structure::*noise) const;
