@@ -51,13 +51,12 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w)
   const Tensor& kv = k.latent();
   const Tensor& wt = weights(k, w);
   const int64_t r = c.latent_rank;
-  std::vector<int> a_spans;
+  Spans a_spans;
   std::vector<double> held;  // rows of a compact cache, 4096 tokens at a time (spans are per row)
   for (int b = 0; b < c.batch; ++b)
     for (int64_t t0 = 0; t0 < c.seqlens[size_t(b)]; t0 += 4096) {
       const int64_t n = std::min<int64_t>(4096, c.seqlens[size_t(b)] - t0);
-      const std::vector<int> s = row_spans(kv.rows(kv.index({b, t0, 0}), n * r, held), r, n, r);
-      a_spans.insert(a_spans.end(), s.begin(), s.end());
+      a_spans.append(row_spans(kv.rows(kv.index({b, t0, 0}), n * r, held), r, n, r));
     }
   const Slicing plan =
       plan_slicing(a_spans, col_spans(wt.data.data(), wt.shape[1], r, wt.shape[1]), r);
@@ -261,7 +260,9 @@ std::string Dots::method() const {
     out += std::string(out.empty() ? "" : ", ") + (w == Which::K0c ? "k0c " : "v ");
     out += s ? "sliced GEMMs (" + std::to_string(s->plan.beta_a) + "+" +
                    std::to_string(s->plan.beta_b) + " bits, " + std::to_string(s->plan.slices_a) +
-                   "x" + std::to_string(s->plan.slices_b) + " slices, " + slice_gemm_target() + ")"
+                   "x" + std::to_string(s->plan.slices_b) + " slices, " +
+                   std::to_string(s->plan.remainder_a + s->plan.remainder_b) + " remainders, " +
+                   slice_gemm_target() + ")"
              : std::string("extraction");
   }
   return out;

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -199,9 +200,14 @@ ExactProduct::~ExactProduct() {
 
 std::span<const double> ExactProduct::entry(int64_t i, int64_t j) const {
   const int64_t flat = i * cols + j;
-  if (!long_terms_.empty())
-    if (auto it = long_terms_.find(flat); it != long_terms_.end()) return it->second;
-  return {&terms_[size_t(flat * levels_)], size_t(levels_)};
+  const double* inline_terms = &terms_[size_t(flat * levels_)];
+  if (std::isnan(inline_terms[0])) return long_terms_.find(flat)->second;  // marked by mark_long
+  return {inline_terms, size_t(levels_)};
+}
+
+void ExactProduct::mark_long() {
+  for (const auto& [flat, terms] : long_terms_)
+    terms_[size_t(flat * levels_)] = std::numeric_limits<double>::quiet_NaN();
 }
 
 ExactProduct ExactProduct::of(int64_t rows, int64_t cols, int levels, std::vector<double> terms,
@@ -211,6 +217,7 @@ ExactProduct ExactProduct::of(int64_t rows, int64_t cols, int levels, std::vecto
   ExactProduct p;
   p.rows = rows, p.cols = cols, p.levels_ = levels, p.terms_ = std::move(terms);
   p.long_terms_ = std::move(long_terms);
+  p.mark_long();
   return p;
 }
 
@@ -399,6 +406,7 @@ ExactProduct exact_matmul(const double* A, int64_t lda, int64_t m, int64_t n, co
     }
   }
   rows(0, m);  // single-threaded: callers run independent products side by side
+  out.mark_long();
   return out;
 }
 

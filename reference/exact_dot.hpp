@@ -57,8 +57,11 @@ class ExactProduct {
  private:
   friend ExactProduct exact_matmul(const double*, int64_t, int64_t, int64_t, const double*, int64_t,
                                    int64_t, const WholeB*);
+  // Marks each long entry by a NaN in its first inline slot (terms are finite): entry() reads the
+  // map only there, instead of a lookup per entry (7 % of an fp64 truth's time).
+  void mark_long();
   int levels_ = kLevels;       // inline terms per entry
-  std::vector<double> terms_;  // [rows, cols, levels_]
+  std::vector<double> terms_;  // [rows, cols, levels_]; a long entry's first slot NaN
   std::unordered_map<int64_t, std::vector<double>> long_terms_;
 };
 

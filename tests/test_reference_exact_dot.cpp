@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <mpfr.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -111,6 +112,63 @@ int full_slices_inexact() {
 }  // namespace
 
 TEST_CASE("reference.exact_dot.sliced_full_slices") { CHECK(full_slices_inexact() == 0); }
+
+// X.5's remainders: with fewer slices than the values need, the bits below them are multiplied
+// exactly one by one; every entry must still be the exact dot product, for every split and cap
+// (1 slice: nearly every value of an fp64 row has a remainder), in rows and columns alike.
+TEST_CASE("reference.sliced_product.remainders_are_exact") {
+  const uint64_t seed = test::seed(70052);
+  CAPTURE(seed);
+  Rng rng(seed);
+  const int64_t m = 270, n = 40, k = 530;  // two row chunks, two column tiles
+  for (DType d : {DType::F64, DType::BF16}) {
+    CAPTURE(dtype_name(d));
+    std::vector<double> a(size_t(m * n)), b(size_t(n * k));
+    for (double& x : a) x = round_to(d, rng.normal());
+    for (double& x : b) x = round_to(d, rng.normal() * std::ldexp(1.0, int(rng.below(9)) - 4));
+    a[5] = 0, a[size_t(3 * n + 7)] = std::ldexp(-3.0, -60);  // a deep value in row 3
+    b[size_t(9 * k + 2)] = std::ldexp(5.0, -70);             // and one in column 2
+    for (const auto [beta_a, beta_b] : {std::pair{24, 23}, std::pair{10, 37}, std::pair{37, 10}})
+      for (const int cap : {1, 2}) {
+        CAPTURE(beta_a);
+        CAPTURE(cap);
+        ref::Slicing plan{beta_a, beta_b, cap, cap, 0.0, 0, 0};
+        const ref::SlicedWeights W(b.data(), k, n, k, plan);
+        size_t rests = 0;
+        for (const auto& r : W.rest) rests += r.size();
+        CHECK(rests > 0);  // the column with the deep value has one at least
+        const ref::ExactProduct C = ref::sliced_matmul(a.data(), n, m, W);
+        int bad = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < k; j += (i == 3 || j == 2) ? 1 : 7)
+            bad += !exact_matches(a, b, n, k, i, j, C);
+        CHECK(bad == 0);
+      }
+  }
+}
+
+// The plan weighs remainders against slices: on data whose spans are set by a few deep values it
+// costs no more than slicing every value whole, and counts the remainders it leaves.
+TEST_CASE("reference.sliced_product.plan_weighs_remainders") {
+  const uint64_t seed = test::seed(70053);
+  CAPTURE(seed);
+  Rng rng(seed);
+  const int64_t m = 1024, n = 512, k = 512;
+  std::vector<double> a(size_t(m * n)), b(size_t(n * k));
+  for (double& x : a) x = round_to(DType::BF16, rng.normal());
+  for (double& x : b) x = round_to(DType::BF16, rng.normal());
+  for (int64_t i = 0; i < m; i += 64)
+    a[size_t(i * n + 1)] = std::ldexp(1.0, -40);  // 16 deep values
+  const ref::Spans as = ref::row_spans(a.data(), n, m, n), bs = ref::col_spans(b.data(), k, n, k);
+  const ref::Slicing with = ref::plan_slicing(as, bs, n),
+                     whole = ref::plan_slicing(as.per_line, bs.per_line, n);
+  CHECK(whole.remainder_a + whole.remainder_b == 0);
+  CHECK(whole.width() >= 2);      // the deep values need a second slice of every chunk's rows
+  CHECK(with.width() == 1);       // one slice each; the deep values' bits are remainders
+  CHECK(with.remainder_a >= 16);  // the planted ones, and the rare tiny normal values
+  CHECK(with.remainder_a + with.remainder_b < m * n / 1000);
+  CHECK(with.gemms_per_chunk < whole.gemms_per_chunk);
+}
 TEST_CASE("reference.exact_dot.exponents_from_bits") {
   // trailing_exponent and top_exponent read the bits; libm's frexp and ilogb define them: random
   // magnitudes over the whole range, subnormals, powers of two and both signs.
@@ -328,8 +386,15 @@ TEST_CASE("reference.sliced_product.col_spans_equal_transposed_row_spans") {
       if (j == 5 && i == 2) v = 4.9e-324 * 6;  // a subnormal
       B[size_t(i * k + j)] = v, Bt[size_t(j * n + i)] = v;
     }
-  const std::vector<int> cols = ref::col_spans(B.data(), k, n, k);
-  CHECK(cols == ref::row_spans(Bt.data(), n, k, n));
-  CHECK(cols[3] == 0);
-  CHECK(cols[5] > 1000);
+  const ref::Spans cols = ref::col_spans(B.data(), k, n, k),
+                   rows = ref::row_spans(Bt.data(), n, k, n);
+  CHECK(cols.per_line == rows.per_line);
+  CHECK(cols.depths == rows.depths);
+  CHECK(cols.per_line[3] == 0);
+  CHECK(cols.per_line[5] > 1000);
+  int64_t counted = 0;  // every nonzero value once, no deeper than its line's span
+  for (int64_t x : cols.depths) counted += x;
+  CHECK(counted == int64_t(std::count_if(B.begin(), B.end(), [](double v) { return v != 0; })));
+  CHECK(int(cols.depths.size()) - 1 ==
+        *std::max_element(cols.per_line.begin(), cols.per_line.end()));
 }
