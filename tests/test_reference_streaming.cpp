@@ -32,37 +32,53 @@ void check_identical(const Outputs& a, const Outputs& b) {
   }
 }
 
+// The remainders Dots::method() reports ("..., N remainders, ..." per product), summed.
+int64_t remainders(const std::string& method) {
+  int64_t sum = 0;
+  for (size_t at = method.find(" remainders"); at != std::string::npos;
+       at = method.find(" remainders", at + 1)) {
+    const size_t start = method.rfind(' ', at - 1) + 1;
+    sum += std::stoll(method.substr(start, at - start));
+  }
+  return sum;
+}
+
 }  // namespace
 
 TEST_CASE("reference.streaming.blocks_equal_whole_products") {
   const uint64_t s = test::seed(1201);
   CAPTURE(s);
   // Two sequences over several 64-token blocks (one partial), an empty one, S_q 2, three norms;
-  // the products by sliced GEMMs (X.5) and by extraction (X.1-X.2).
-  for (const bool sliced : {true, false})
-    for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
-      CAPTURE(sliced);
-      CAPTURE(int(norm));
-      const Case k = generate_case(test::tiny_config(Profile::BF16, {300, 0, 129}, 2, norm, s));
-      const ref::Dots whole(k, {0, 4, int64_t(1) << 30, sliced});
-      REQUIRE_FALSE(whole.streaming());
-      CHECK((whole.method().find("sliced") != std::string::npos) == sliced);
-      // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
-      // explicit run reads later, so both sharing and re-forming happen. The absorbed run shares
-      // its rows between two threads, the whole one does not: the same bits.
-      const ref::Dots blocks(k, {64, 2, int64_t(1) << 30, sliced});
-      ref::PrecisionScope scope(113);
-      const Outputs ex_whole = ref::ref_explicit(k, whole, true);
-      const Outputs ab_whole = ref::ref_absorbed(k, whole);
-      Outputs ex_blocks, ab_blocks;
-      run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
-                    [&] { ab_blocks = ref::ref_absorbed(k, blocks, Variant::Default, {}, 2); }},
-                   2);
-      check_identical(ex_whole, ex_blocks);
-      check_identical(ab_whole, ab_blocks);
-      // 3 + 3 blocks of k0c read by both runs, 3 + 3 of v by the explicit run: at least 12 formed.
-      CHECK(blocks.blocks_formed() >= 12);
-    }
+  // the products by sliced GEMMs (X.5) and by extraction (X.1-X.2); fp64 data leaves X.5
+  // remainders (values deeper than their slices), whose terms must not depend on the blocks either.
+  for (const Profile profile : {Profile::BF16, Profile::FP64})
+    for (const bool sliced : {true, false})
+      for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
+        CAPTURE(to_string(profile));
+        CAPTURE(sliced);
+        CAPTURE(int(norm));
+        const Case k = generate_case(test::tiny_config(profile, {300, 0, 129}, 2, norm, s));
+        const ref::Dots whole(k, {0, 4, int64_t(1) << 30, sliced});
+        REQUIRE_FALSE(whole.streaming());
+        CHECK((whole.method().find("sliced") != std::string::npos) == sliced);
+        if (sliced && profile == Profile::FP64) CHECK(remainders(whole.method()) > 0);
+        // Two cached blocks: the absorbed run, running beside the explicit one, evicts blocks the
+        // explicit run reads later, so both sharing and re-forming happen. The absorbed run shares
+        // its rows between two threads, the whole one does not: the same bits.
+        const ref::Dots blocks(k, {64, 2, int64_t(1) << 30, sliced});
+        ref::PrecisionScope scope(113);
+        const Outputs ex_whole = ref::ref_explicit(k, whole, true);
+        const Outputs ab_whole = ref::ref_absorbed(k, whole);
+        Outputs ex_blocks, ab_blocks;
+        run_parallel({[&] { ex_blocks = ref::ref_explicit(k, blocks, true); },
+                      [&] { ab_blocks = ref::ref_absorbed(k, blocks, Variant::Default, {}, 2); }},
+                     2);
+        check_identical(ex_whole, ex_blocks);
+        check_identical(ab_whole, ab_blocks);
+        // 3 + 3 blocks of k0c read by both runs, 3 + 3 of v by the explicit run: at least 12
+        // formed.
+        CHECK(blocks.blocks_formed() >= 12);
+      }
 }
 
 // A long context's cache held as floats (Tensor::compact, report's compact_latent_values): the
