@@ -137,7 +137,9 @@ Slicing plan(const Spans& a, const Spans& b, int64_t n, bool rest) {
                             " leaves fewer than 2 bits per slice");
   const auto m = int64_t(a.per_line.size()), k = int64_t(b.per_line.size());
   const int64_t chunks = std::max<int64_t>(1, (m + kChunk - 1) / kChunk);
-  // Costs in multiply-adds; a GEMM of one chunk is mean-chunk-rows x n x k of them.
+  // Costs in multiply-adds; a GEMM of one chunk is mean-chunk-rows x n x k of them. Without rows
+  // (no tokens) the plan is priced as for one row, so that B is not cut into slices or remainders
+  // that nothing would pay for.
   const double gemm = double(std::max<int64_t>(m, 1)) / double(chunks) * double(n) * double(k);
   Slicing best;
   best.gemms_per_chunk = std::numeric_limits<double>::infinity();
@@ -155,6 +157,7 @@ Slicing plan(const Spans& a, const Spans& b, int64_t n, bool rest) {
       need_a = std::max(need_a, sa);
       rows_at[size_t(std::min(sa, kMaxSlices + 1))] += std::min(m, i0 + kChunk) - i0;
     }
+    if (m == 0) rows_at[1] = 1;
     if (!rest && (need_a > kMaxSlices || need_b > kMaxSlices)) continue;
     const std::vector<int64_t> deep_a = deeper_than(a.depths, beta_a),
                                deep_b = deeper_than(b.depths, beta_b);
@@ -164,9 +167,10 @@ Slicing plan(const Spans& a, const Spans& b, int64_t n, bool rest) {
       for (int c = 1; c <= kMaxSlices + 1; ++c)
         row_slices += double(std::min(c, ca)) * double(rows_at[size_t(c)]);
       for (int cb = rest ? 1 : top_b; cb <= top_b; ++cb) {
-        const double macs = row_slices * double(cb) * double(n) * double(k) +
-                            kRemainderMacs * (double(deep_a[size_t(ca)]) * double(k) +
-                                              double(deep_b[size_t(cb)]) * double(m));
+        const double macs =
+            row_slices * double(cb) * double(n) * double(k) +
+            kRemainderMacs * (double(deep_a[size_t(ca)]) * double(k) +
+                              double(deep_b[size_t(cb)]) * double(std::max<int64_t>(m, 1)));
         const double cost = macs / gemm / double(chunks);
         if (cost < best.gemms_per_chunk)
           best = {beta_a, beta_b, ca, cb, cost, deep_a[size_t(ca)], deep_b[size_t(cb)]};
