@@ -168,6 +168,9 @@ TEST_CASE("reference.sliced_product.plan_weighs_remainders") {
   CHECK(with.remainder_a >= 16);  // the planted ones, and the rare tiny normal values
   CHECK(with.remainder_a + with.remainder_b < m * n / 1000);
   CHECK(with.gemms_per_chunk < whole.gemms_per_chunk);
+  // No rows (a case without tokens): B is still sliced whole, not left in remainders.
+  const ref::Slicing none = ref::plan_slicing(ref::Spans{}, bs, n);
+  CHECK(none.remainder_b == 0);
 }
 TEST_CASE("reference.exact_dot.exponents_from_bits") {
   // trailing_exponent and top_exponent read the bits; libm's frexp and ilogb define them: random
