@@ -219,12 +219,8 @@ DType delivered_lse_point(const Delivered& delivered, DType A) {
 
 DType delivered_latent_file(const Delivered& delivered, DType D, DType A) {
   if (!delivered.count("latent_out")) return DType::F64;
-  const std::vector<DType>& formats = delivered.at("latent_out");
-  if (std::find(formats.begin(), formats.end(), D) != formats.end()) return DType::F64;
-  DType file = DType::F64;
-  for (DType f : formats)
-    if (rounds_at(f, A) && (file == DType::F64 || wider(file, f))) file = f;
-  return file;
+  const DType file = delivered.at("latent_out").front();  // the container's own format
+  return file != D && rounds_at(file, A) ? file : DType::F64;
 }
 
 std::vector<Form> audit_forms(const MlaConfig& c, const std::string& declared,
