@@ -318,6 +318,15 @@ TEST_CASE("cli.malformed_inputs_exit_2") {
   const Run r = run("audit " + g.gcase + " " + g.dir + "/shape.safetensors");
   CHECK(r.code == 2);
   CHECK(r.out.find("out: shape [3, 2, 4, 15] does not match") != std::string::npos);
+  // An lse [B, H, S_q] (FlashMLA's softmax_lse) without --layout flashmla: the message says so.
+  qkmla::SafetensorsFile t;
+  t.tensors["lse"] = qkmla::Tensor(qkmla::DType::F32, {3, 4, 2});
+  qkmla::write_safetensors(g.dir + "/lse_t.safetensors", t);
+  const Run rt = run("audit " + g.gcase + " " + g.dir + "/lse_t.safetensors");
+  CAPTURE(rt.out);
+  CHECK(rt.code == 2);
+  CHECK(rt.out.find("lse: shape [3, 4, 2] does not match") != std::string::npos);
+  CHECK(rt.out.find("--layout flashmla") != std::string::npos);
 }
 
 TEST_CASE("cli.gate.junit_validates_and_shards_merge") {

@@ -341,10 +341,17 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
       continue;
     }
     const Tensor& y = cf.refs.at("ref." + name);
-    if (x.shape != y.shape)
-      throw InputError(
-          outputs_path, name,
-          "shape " + shape_str(x.shape) + " does not match the case's " + shape_str(y.shape));
+    if (x.shape != y.shape) {
+      const bool heads_first = name == "lse" && y.shape.size() == 3 && x.shape.size() == 3 &&
+                               x.shape[0] == y.shape[0] && x.shape[1] == y.shape[2] &&
+                               x.shape[2] == y.shape[1];
+      throw InputError(outputs_path, name,
+                       "shape " + shape_str(x.shape) + " does not match the case's " +
+                           shape_str(y.shape) +
+                           (heads_first ? " (an lse [B, H, S_q] as FlashMLA returns it: audit "
+                                          "--layout flashmla, docs/layouts.md)"
+                                        : ""));
+    }
     if (x.dtype == DType::I32)  // no rounding format to judge it by
       throw InputError(outputs_path, name,
                        "dtype I32: an output is a floating-point tensor (F64, F32, F16, BF16 or "
