@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/rng.hpp"
+#include "gemm/ordered_gemm.hpp"
 #include "helpers.hpp"
 #include "impl/absorbed_stages.hpp"
 #include "impl/cpu_impls.hpp"
@@ -162,4 +163,69 @@ TEST_CASE("impl.absorbed.rows_read_from_the_case_bit_identical") {
         CHECK((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 8) == 0));
       }
   }
+}
+
+// rows_mat in a yardstick's order runs one ordered_gemm per lane over gathered copies (lanes_gemm):
+// on every instruction set each output must be the scalar loop's bits: per lane a sequential sum
+// from +0 (product, then add), the lanes added to +0 in turn. Values over 2^-20..2^20 so that the
+// order shows in the bits; more lanes than terms; a row of -0.
+TEST_CASE("impl.rows_mat.every_order_gives_the_scalar_lanes_bits") {
+  const uint64_t seed = test::seed(70043);
+  CAPTURE(seed);
+  Rng rng(seed);
+  int targets = 0, order_shows = 0;
+  auto check = [&](auto zero, const std::string& target) {
+    using T = decltype(zero);
+    auto scalar = [](const std::vector<T>& X, int n, const std::vector<T>& W, int ld, int64_t i,
+                     int j, const impl::SumOrder& o) {
+      T y = 0;
+      for (int lane = 0; lane < o.lanes; ++lane) {
+        T part = 0;
+        for (int k = lane; k < n; k += o.lanes) {
+          const int l = o.reverse ? n - 1 - k : k;
+          part = part + X[size_t(i * n + l)] * W[size_t(l * ld + j)];
+        }
+        y = y + part;
+      }
+      return y;
+    };
+    for (int64_t rows : {1, 5})
+      for (int n : {0, 3, 130})
+        for (int cols : {1, 33}) {
+          const int ld = cols + 2;
+          std::vector<T> X(static_cast<size_t>(rows * n)),
+              W(static_cast<size_t>(std::max(n, 1) * ld));
+          for (T& x : X) x = T(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
+          for (T& w : W) w = T(std::ldexp(rng.normal(), int(rng.below(41)) - 20));
+          if (rows > 1) std::fill(X.begin(), X.begin() + n, T(-0.0));
+          for (const impl::SumOrder o :
+               {impl::SumOrder{true, 1, 1}, impl::SumOrder{false, 2, 1}, impl::SumOrder{true, 3, 1},
+                impl::SumOrder{false, 8, 2}, impl::SumOrder{true, 40, 1},
+                impl::SumOrder{false, 1, 2}}) {
+            CAPTURE(target);
+            CAPTURE(rows);
+            CAPTURE(n);
+            CAPTURE(cols);
+            CAPTURE(o.lanes);
+            CAPTURE(o.reverse);
+            const impl::SumOrder saved = std::exchange(impl::sum_order(), o);
+            std::vector<T> got(static_cast<size_t>(rows * cols), T(-1));
+            impl::rows_mat(X.data(), rows, n, W.data(), ld, cols, got.data());
+            impl::sum_order() = saved;
+            for (int64_t i = 0; i < rows; ++i)
+              for (int j = 0; j < cols; ++j) {
+                const T want = scalar(X, n, W, ld, i, j, o);
+                REQUIRE(std::memcmp(&got[size_t(i * cols + j)], &want, sizeof(T)) == 0);
+                order_shows += want != scalar(X, n, W, ld, i, j, {false, 1, 1});
+              }
+          }
+        }
+  };
+  gemm::for_each_simd_target([&](const std::string& target) {
+    ++targets;
+    check(float(0), target);
+    check(double(0), target);
+  });
+  CHECK(targets >= 1);
+  CHECK(order_shows > 0);  // the values tell the orders apart (the test can fail)
 }

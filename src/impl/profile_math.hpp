@@ -272,13 +272,38 @@ void vec_mat(const Acc* x, int rows, const Acc* W, int ld, int col0, int cols, A
 // and the projected cache stays a block long at any context.
 constexpr int64_t kProjectTokens = 256;
 
+// rows_mat in a yardstick's order o by ordered_gemm: each lane's terms (l = lane, lane + lanes,
+// ..., counted from the end when reversed) gathered in that order into X and W copies, so that the
+// GEMM's one sequential sum from +0 is ordered_accumulate's `part`; the parts added to +0 in turn.
+template <class T>
+void lanes_gemm(const T* X, int64_t rows, int n, const T* W, int ld, int cols, T* Y,
+                const SumOrder& o) {
+  std::fill(Y, Y + rows * cols, T(0));
+  std::vector<T> xl, wl, part(static_cast<size_t>(rows * cols));
+  std::vector<int> at;  // the lane's inner indices, in its order
+  for (int lane = 0; lane < o.lanes; ++lane) {
+    at.clear();
+    for (int k = lane; k < n; k += o.lanes) at.push_back(o.reverse ? n - 1 - k : k);
+    const int c = int(at.size());
+    xl.resize(static_cast<size_t>(rows * c));
+    wl.resize(static_cast<size_t>(c) * size_t(cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int t = 0; t < c; ++t) xl[size_t(i * c + t)] = X[i * n + at[size_t(t)]];
+    for (int t = 0; t < c; ++t)
+      std::copy_n(W + int64_t(at[size_t(t)]) * ld, cols, wl.begin() + int64_t(t) * cols);
+    gemm::ordered_gemm(xl.data(), rows, c, wl.data(), cols, cols, part.data(), gemm::Fused::No);
+    for (size_t i = 0; i < part.size(); ++i) Y[i] += part[i];
+  }
+}
+
 // Y[rows, cols] = X[rows, n] . W[n, ld] (columns [0, cols)), each output one sequential sum over
 // n exactly as vec_mat: by ordered_gemm (SIMD across outputs, register tiles) for float and double
-// in the forward order, row by row through ordered_accumulate otherwise (yardsticks' orders).
+// (in a yardstick's order by lanes_gemm), row by row through ordered_accumulate otherwise.
 template <class Acc>
 void rows_mat(const Acc* X, int64_t rows, int n, const Acc* W, int ld, int cols, Acc* Y) {
   if constexpr (std::is_same_v<Acc, float> || std::is_same_v<Acc, double>) {
     if (forward_order()) return gemm::ordered_gemm(X, rows, n, W, ld, cols, Y, gemm::Fused::No);
+    return lanes_gemm(X, rows, n, W, ld, cols, Y, sum_order());
   }
   for (int64_t i = 0; i < rows * cols; ++i) Y[i] = 0;
   for (int64_t i = 0; i < rows; ++i)
