@@ -175,18 +175,31 @@ void query_norm(const Case& k, int64_t pos, const Perturbation& p, Acc eps,
   }
 }
 
+// WK [r, G*d_c] laid out as each group's WK_g^T [d_c, r], one group after another ([G*d_c, r]), so
+// that q_latent = w . WK_g^T is vec_mat's sums across r (the dots over d_c in their order, each
+// the same terms in the same order as a dot of w with a row of WK_g).
+template <class Acc>
+std::vector<Acc> query_weights(const std::vector<Acc>& wk, int r, int G, int dc) {
+  std::vector<Acc> t(wk.size());  // [G*d_c, r]; none without weights (no gamma_merged variant)
+  if (wk.empty()) return t;
+  const int64_t cols = int64_t(G) * dc;
+  for (int64_t l = 0; l < r; ++l)
+    for (int64_t j = 0; j < cols; ++j) t[size_t(j * r + l)] = wk[size_t(l * cols + j)];
+  return t;
+}
+
 // A.1-A.2 for row (b, i, h): q_latent [r] = w . WK_g^T with w per variant, the rope part, alpha_q;
-// q_latent and the rope part stored at the design's rounding points.
-// `wk_merged` is WK with both content gains merged in (the gamma_merged variant only).
+// q_latent and the rope part stored at the design's rounding points. `wk_t` is query_weights(WK),
+// `wk_merged_t` the same of WK with both content gains merged in (the gamma_merged variant only).
 template <class Acc>
 LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, const Perturbation& p,
-                              const std::vector<Acc>& wk, const std::vector<Acc>& wk_merged,
+                              const std::vector<Acc>& wk_t, const std::vector<Acc>& wk_merged_t,
                               Acc eps, const Design& d) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
   const Tensor& qn = k.get("q_nope");
   const Tensor& qp = k.get("q_pe");
-  const int G = cf.groups, dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
+  const int dc = cf.d_c, dr = cf.d_r, r = cf.latent_rank;
   const int g = hook::group_of(p, cf, h);
   const bool none = cf.norm == NormMode::None, unified = cf.norm == NormMode::Unified;
   LatentQuery<Acc> q;
@@ -197,12 +210,12 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
   query_norm(k, k.pos(b, i), p, eps, w, q, d.eager);
   if (d.approx_rsqrt) q.alpha_q = approx_rsqrt_of(q.alpha_q);
   if (rounds_at(d.alpha_q, accumulate_dtype(cf.profile))) q.alpha_q = store(d.alpha_q, q.alpha_q);
-  const std::vector<Acc>* W = &wk;
+  const std::vector<Acc>* W = &wk_t;
   if (!none) {
     const std::vector<Acc> gq = to_acc<Acc>(k.get(unified ? "gamma_q" : "gamma_cq"));
     const std::vector<Acc> gk = to_acc<Acc>(k.get(unified ? "gamma_k" : "gamma_ck"));
     if (v == Variant::GammaMerged) {
-      W = &wk_merged;
+      W = &wk_merged_t;
     } else if (v == Variant::QNormedFirst) {
       scale_gain(w.data(), dc, gq.data(), q.alpha_q);
       scale_gain(w.data(), dc, gk.data(), Acc(1));
@@ -223,9 +236,7 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
   if (normed_stored)
     for (Acc& x : w) x = store(d.q_normed, x * q.alpha_q);
   q.q_latent.resize(size_t(r));
-  std::vector<const Acc*> rows(static_cast<size_t>(r));  // row l of WK_g: W[l, g*d_c : (g+1)*d_c]
-  for (int l = 0; l < r; ++l) rows[size_t(l)] = W->data() + int64_t(l) * G * dc + g * dc;
-  ordered_dots(w.data(), rows.data(), r, dc, q.q_latent.data());
+  vec_mat(w.data(), dc, W->data() + int64_t(g) * dc * r, r, 0, r, q.q_latent.data());
   // Folded and normalized-first queries carry alpha_q themselves; in unified mode alpha_q scales
   // the whole score, so the query rope part carries it as well.
   const bool folded = v == Variant::AlphaQFolded,

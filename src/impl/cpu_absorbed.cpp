@@ -61,7 +61,7 @@ Outputs empty_outputs(const Case& k, const Design& d) {
 // One sequence b of one implementation: every query row against the sequence's cache.
 template <class Acc>
 void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache<Acc>& cache,
-                  const std::vector<Acc>& wk, const std::vector<Acc>& wk_merged,
+                  const std::vector<Acc>& wk_t, const std::vector<Acc>& wk_merged_t,
                   const std::vector<Acc>& wv, Outputs& o) {
   const MlaConfig& cf = k.cfg;
   const DType A = accumulate_dtype(cf.profile);
@@ -95,7 +95,7 @@ void run_sequence(const Case& k, int b, const AbsorbedSpec& s, const LatentCache
   for (int i = 0; i < cf.s_q; ++i)
     for (int h = 0; h < cf.heads; ++h) {
       const LatentQuery<Acc> q =
-          latent_query(k, b, i, h, s.v, p, wk, wk_merged, constant<Acc>(cf.eps), d);
+          latent_query(k, b, i, h, s.v, p, wk_t, wk_merged_t, constant<Acc>(cf.eps), d);
       if (stats) o.tensors["alpha_q"].at({b, i, h}) = double(q.alpha_q);
       const int g = hook::group_of(p, cf, h);
       const std::vector<int64_t> tokens = hook::tokens(p, k, b, i);
@@ -120,6 +120,9 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
   const Acc eps = constant<Acc>(cf.eps);
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk")), wv = to_acc<Acc>(k.get("w_uv"));
   const std::vector<Acc> wk_merged = merged_weights<Acc>(k, specs);
+  const int r = cf.latent_rank, G = cf.groups, dc = cf.d_c;
+  const std::vector<Acc> wk_t = query_weights(wk, r, G, dc),
+                         wk_merged_t = query_weights(wk_merged, r, G, dc);
   bool any_gram = false;
   std::vector<Outputs> outs;
   for (const AbsorbedSpec& s : specs) {
@@ -156,7 +159,8 @@ std::vector<Outputs> run(const Case& k, const std::vector<AbsorbedSpec>& specs) 
       const Formats rope = formats(specs[n]);
       const bool perturbed = !specs[n].p.is_none();
       const LatentCache<Acc> own = perturbed ? cache_of(rope, specs[n].p) : LatentCache<Acc>{};
-      run_sequence(k, b, specs[n], perturbed ? own : correct.at(rope), wk, wk_merged, wv, outs[n]);
+      run_sequence(k, b, specs[n], perturbed ? own : correct.at(rope), wk_t, wk_merged_t, wv,
+                   outs[n]);
       seconds[n] += (perturbed ? 0.0 : cache_s[rope]) +
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     }

@@ -19,6 +19,7 @@ Case kernel_case_t(const Case& k) {
   const int64_t T = k.t_max();
   const bool stats = cf.norm != NormMode::None;
   const std::vector<Acc> wk = to_acc<Acc>(k.get("w_uk"));
+  const std::vector<Acc> wk_t = query_weights(wk, r, G, cf.d_c);
   Case kc{cf, {}, nullptr, nullptr};
   kc.cfg.level = Level::Kernel;
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -41,7 +42,7 @@ Case kernel_case_t(const Case& k) {
     for (int i = 0; i < S; ++i)
       for (int h = 0; h < H; ++h) {
         const LatentQuery<Acc> q =
-            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk, wk,
+            latent_query(k, b, i, h, Variant::Default, Perturbation{}, wk_t, wk_t,
                          constant<Acc>(cf.eps), spec_design(cf.profile, Form::Absorbed));
         // A query of an empty sequence has no position, so under unified rope_then_norm no
         // statistic (NaN); it sees no key either, so any finite value serves: 0, as inputs must be
