@@ -57,6 +57,7 @@ Runner add_audit(CLI::App& app, const std::string&) {
       "the rounding points of the audited design, e.g. "
       "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32; gains=merged if "
       "the gains are merged into w_uk offline; also score, cache, lse, latent_file, sigma, "
+      "partials, prelude, "
       "scale_in_q=yes, "
       "exp2=yes, rsqrt=approx. Strict: judged against this design only (default: "
       "every legitimate design consistent with what was delivered, and on FAIL the same "

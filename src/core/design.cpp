@@ -105,7 +105,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       continue;
     }
     if (k == "score" || k == "cache" || k == "alpha_q" || k == "eager" || k == "lse" ||
-        k == "latent_file" || k == "sigma" || k == "key_fold" || k == "q_normed") {
+        k == "latent_file" || k == "sigma" || k == "key_fold" || k == "q_normed" ||
+        k == "partials" || k == "prelude") {
       const DType x = parse_dtype_word(k, v, p);  // F64: not rounded
       DType& point = k == "score"         ? d.score
                      : k == "cache"       ? d.cache
@@ -115,6 +116,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
                      : k == "sigma"       ? d.sigma
                      : k == "key_fold"    ? d.key_fold
                      : k == "q_normed"    ? d.q_normed
+                     : k == "partials"    ? d.partials
+                     : k == "prelude"     ? d.prelude
                                           : d.alpha_q;
       point = rounds_at(x, accumulate_dtype(p)) ? x : DType::F64;
       continue;
@@ -132,8 +135,8 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
       throw ConfigError(
           "design." + k,
           "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
-          "latent_out, out, score, cache, eager, lse, latent_file, sigma, key_fold, gains, "
-          "scale_in_q, exp2, rsqrt)");
+          "latent_out, out, score, cache, eager, lse, latent_file, sigma, key_fold, partials, "
+          "prelude, gains, scale_in_q, exp2, rsqrt)");
     d.*point = parse_dtype_word(k, v, p);
   }
   return d;
@@ -156,6 +159,8 @@ std::string to_string(const Design& d) {
   if (d.latent_file != DType::F64) s += ",latent_file=" + format_word(d.latent_file);
   if (d.sigma != DType::F64) s += ",sigma=" + format_word(d.sigma);
   if (d.key_fold != DType::F64) s += ",key_fold=" + format_word(d.key_fold);
+  if (d.partials != DType::F64) s += ",partials=" + format_word(d.partials);
+  if (d.prelude != DType::F64) s += ",prelude=" + format_word(d.prelude);
   if (d.scale_in_q) s += ",scale_in_q=yes";
   if (d.exp2) s += ",exp2=yes";
   if (d.approx_rsqrt) s += ",rsqrt=approx";

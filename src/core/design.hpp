@@ -80,6 +80,16 @@ struct Design {
   // m16k16_rowsum_f16f16f32 over the cast P fragment). Its lse carries P's rounding; out does not
   // (the weights still sum to one).
   bool p_sum_stored = false;
+  // Split-KV: each chunk's normalized output stored in this format before the merge, and the
+  // running output stored again after each merge, the chunks merged one after another by their lse
+  // (SGLang's chunked-prefix MHA: merge_state_v2 writes the activation dtype; FlashInfer's
+  // merge_state_in_place on bf16 states). Only a split order (impl/profile_math.hpp) differs.
+  DType partials = DType::F64;
+  // explicit, QK-norm: the key up-projected by a module (k0c stored before its statistic and
+  // norm: kv_b_proj's output in the activation dtype) and the rope parts' norm and rotation as
+  // separate modules (each step stored), before the kv and rope points (transformers' and
+  // SGLang's explicit MLA modules).
+  DType prelude = DType::F64;
   bool operator==(const Design& o) const {
     return form == o.form && q == o.q && rope == o.rope && kv == o.kv && rope_key == o.rope_key &&
            alpha_k == o.alpha_k && p == o.p && latent_out == o.latent_out && out == o.out &&
@@ -88,7 +98,8 @@ struct Design {
            latent_file == o.latent_file && sigma == o.sigma && key_fold == o.key_fold &&
            scale_in_q == o.scale_in_q && exp2 == o.exp2 && approx_rsqrt == o.approx_rsqrt &&
            p_normalized == o.p_normalized && sink_in_p == o.sink_in_p &&
-           p_sum_stored == o.p_sum_stored && gram_alpha_k == o.gram_alpha_k;
+           p_sum_stored == o.p_sum_stored && gram_alpha_k == o.gram_alpha_k &&
+           partials == o.partials && prelude == o.prelude;
   }
 };
 
@@ -103,8 +114,8 @@ Design accumulate_design(Profile p, Form f);
 
 // "q_latent=bf16,p=bf16,latent_out=fp32,out=bf16,alpha_k=fp32" (keys: form, q_latent or q, rope,
 // kv, rope_key, alpha_k, p, latent_out, out, score, q_normed, cache, eager, lse, latent_file,
-// sigma, key_fold; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the profile's;
-// gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, p_sum_stored,
+// sigma, key_fold, partials, prelude; values: fp64, fp32, bf16, fp16, or "stored"/"acc" for the
+// profile's; gains=merged|runtime; scale_in_q, exp2, rsqrt, p_normalized, sink_in_p, p_sum_stored,
 // gram_alpha_k = yes|no): starts from spec_design(profile, form) and sets the keys given.
 // ConfigError names the key.
 Design parse_design(const std::string& text, Profile p, Form default_form);

@@ -125,6 +125,23 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     add(family + ", sink folded into P", d);
   };
   with_sink_in_p("P stored after the softmax's division", normalized);
+  // The explicit form as serving engines run it over a long context (SGLang's chunked-prefix MHA,
+  // vLLM's MLA chunked-context prefill): keys and values up-projected by a module (kv_b_proj
+  // writes k0c in the activation dtype, the norm and rotary modules their outputs), attention in
+  // chunks whose outputs are stored in that dtype and merged by lse one after another
+  // (merge_state_v2, merge_attn_states). In fp16 a tiny k0c is a subnormal (zoo seed 105681,
+  // chunked_merge tiny_keys: lse worst_row 8.3x), and so is a tiny output, whose repeated
+  // roundings make a row scale (seed 105743: out bias 11.1x). Only split orders store partials.
+  // Not a candidate of the absorbed form: its split-KV kernels keep their partials in fp32
+  // (FlashMLA's oaccum, FlashDecoding). Nor is the module's key a point of the explicit PyTorch
+  // module family: there it cost kills in undeclared audits, which sample both forms (a one-head
+  // 5 % bug's bias 6.3x -> 3.7x in audit.structure.catches_what_rel_l2_averages_away).
+  if (base.form == Form::Explicit) {
+    Design chunked = flash;
+    chunked.partials = D;
+    if (c.norm != NormMode::None) chunked.prelude = D;
+    add("explicit modules, chunks stored and merged (SGLang chunked prefix)", chunked);
+  }
   // A module storing every op's output stores out too; kernel-level references compute in fp32.
   if (base.form != Form::Kernel && base.out == D) {
     Design torch = base;  // a PyTorch module in the stored dtype: every op's output stored
@@ -275,6 +292,8 @@ std::vector<Candidate> candidate_designs(const MlaConfig& c, Form form,
     if (!rounds_at(d.eager, A)) d.eager = DType::F64;
     if (!rounds_at(d.sigma, A)) d.sigma = DType::F64;
     if (!rounds_at(d.key_fold, A) || d.form == Form::Explicit) d.key_fold = DType::F64;
+    if (!rounds_at(d.partials, A)) d.partials = DType::F64;
+    if (!rounds_at(d.prelude, A) || d.form != Form::Explicit) d.prelude = DType::F64;
     if (d.form != Form::Explicit) d.kv = d.rope_key = A;  // no such points: equal designs dedupe
     for (const Candidate& x : out)
       if (x.d == d) return;
@@ -346,15 +365,22 @@ std::vector<Variant> sample_variants(const MlaConfig& c, const Design& d) {
 
 // Every design's samples in the current summation order: outs[n] holds design n's.
 std::vector<std::vector<Outputs>> run_designs(const Case& k, const std::vector<Design>& designs) {
+  // stored partials alone differ from their base only in a split order: no duplicate samples
+  const auto skipped = [&](const Design& d) {
+    return rounds_at(d.partials, accumulate_dtype(k.cfg.profile)) && d.prelude == DType::F64 &&
+           impl::sum_order().splits == 1;
+  };
   std::vector<impl::AbsorbedSpec> absorbed;
   for (const Design& d : designs)
     for (Variant v : sample_variants(k.cfg, d))
-      if (k.cfg.level == Level::Module && d.form == Form::Absorbed) absorbed.push_back({v, {}, d});
+      if (k.cfg.level == Level::Module && d.form == Form::Absorbed && !skipped(d))
+        absorbed.push_back({v, {}, d});
   std::vector<Outputs> batch = impl::cpu_absorbed(k, absorbed);  // one shared cache per rope format
   std::vector<std::vector<Outputs>> outs;
   size_t next = 0;
   for (const Design& d : designs) {
     outs.emplace_back();
+    if (skipped(d)) continue;
     if (k.cfg.level == Level::Kernel)
       for (Variant v : sample_variants(k.cfg, d))
         outs.back().push_back(impl::cpu_kernel(k, d, {}, v));

@@ -34,6 +34,8 @@ struct RowRounding {
   std::optional<DType> key_fold;
   bool p_normalized = false;  // P stored after the division (a module) or before it (a kernel)
   bool p_sum_stored = false;  // a kernel's denominator summed over its stored P (Design)
+  // split-KV partial outputs stored, merged one after another (Design::partials)
+  std::optional<DType> partials;
   bool exp2 = false;
   // Design::sink_in_p (with p_normalized): the row's sink logit scales P before P is stored;
   // -inf: no sink. Set per row by the caller, from the head's attn_sink.
@@ -45,6 +47,7 @@ struct RowRounding {
     if (rounds_at(d.p, A)) r.p = d.p;
     if (rounds_at(d.eager, A)) r.eager = d.eager;
     if (rounds_at(d.key_fold, A)) r.key_fold = d.key_fold;
+    if (rounds_at(d.partials, A)) r.partials = d.partials;
     r.p_normalized = d.p_normalized;
     r.p_sum_stored = d.p_sum_stored && !d.p_normalized;
     r.exp2 = d.exp2;
@@ -96,6 +99,28 @@ template <class Acc, class Logit, class Value>
 Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
                int width, std::vector<Acc>& acc, const RowRounding& rr = {});
 
+// Design::partials: each chunk's output stored in `f`, merged into a running output one chunk
+// after another by lse weights in Acc (merge_state), the running output stored after each merge.
+template <class Acc>
+Acc merge_stored(const std::vector<Acc>& lse_s, const std::vector<std::vector<Acc>>& o_s, int width,
+                 std::vector<Acc>& acc, DType f) {
+  using std::exp;
+  using std::log;
+  acc.resize(size_t(width));
+  for (int j = 0; j < width; ++j) acc[size_t(j)] = store(f, o_s[0][size_t(j)]);
+  Acc lse = lse_s[0];
+  for (size_t s = 1; s < lse_s.size(); ++s) {
+    const Acc M = std::max(lse, lse_s[s]);
+    if (M == -std::numeric_limits<Acc>::infinity()) continue;  // both empty
+    const Acc a = exp(lse - M), b = exp(lse_s[s] - M), sum = a + b;
+    const Acc wa = a / sum, wb = b / sum;
+    for (int j = 0; j < width; ++j)
+      acc[size_t(j)] = store(f, acc[size_t(j)] * wa + store(f, o_s[s][size_t(j)]) * wb);
+    lse = M + log(sum);
+  }
+  return lse;
+}
+
 // Split-KV (FlashDecoding): the row's tokens in `splits` contiguous chunks, each attended alone
 // (its lse and normalized output in Acc), then combined by lse weights. A yardstick's order
 // (profile_math.hpp), so that a split kernel's rounding of each chunk's lse is sampled too.
@@ -120,6 +145,7 @@ Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const V
     }
     sum_order() = saved;
   }
+  if (rr.partials) return merge_stored(lse_s, o_s, width, acc, *rr.partials);
   Acc M = lse_s[0];
   for (Acc l : lse_s) M = std::max(M, l);
   Acc sum = 0;

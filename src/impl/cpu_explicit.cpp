@@ -1,7 +1,8 @@
 // cpu.explicit.<profile>: conventions §1.1 with full key caching (one key group at a time).
 // Rounding points (conventions §3): k0c and v accumulated in Acc; qc^, qr^, kc^ (per group), kr^, v
 // rounded to the stored dtype D; logits, softmax and p.v in Acc with p unrounded; out rounded to D;
-// lse, alpha_q, alpha_k kept in Acc.
+// lse, alpha_q, alpha_k kept in Acc. A design's module prelude (Design::prelude) also stores k0c
+// and each step of the norms and rotations.
 #include <chrono>
 
 #include "bounds/error_bound.hpp"
@@ -19,6 +20,14 @@ template <class Acc>
 Acc rsqrt_of(const Design& d, Acc inv, DType point = DType::F64, DType A = DType::F64) {
   const Acc x = d.approx_rsqrt ? approx_rsqrt_of(inv) : inv;
   return rounds_at(point, A) ? store(point, x) : x;
+}
+
+// RMSNorm's x * inv * gamma in Acc, or, with a module prelude (Design::prelude), as a module in the
+// stored dtype computes it: x * inv stored, then gamma * that stored (Qwen3's RMSNorm).
+template <class Acc>
+void norm_gain(Acc* z, int n, const Acc* gamma, Acc inv, DType prelude) {
+  if (prelude == DType::F64) return scale_gain(z, n, gamma, inv);
+  for (int j = 0; j < n; ++j) z[j] = store(prelude, gamma[j] * store(prelude, z[j] * inv));
 }
 
 template <class Acc>
@@ -44,19 +53,21 @@ ExplicitQuery<Acc> query(const Case& k, int b, int i, int h, Acc eps, const Desi
     if (pos >= 0) rotate(q.qr.data(), k, pos);
   } else if (c.norm == NormMode::Blockwise) {
     q.alpha_q = rsqrt_of(d, inv_rms_from(sum_sq(q.qc.data(), c.d_c), c.d_c, eps), d.alpha_q, A);
-    scale_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q);
-    if (pos >= 0) blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps);
+    norm_gain(q.qc.data(), c.d_c, to_acc<Acc>(k.get("gamma_cq")).data(), q.alpha_q, d.prelude);
+    if (pos >= 0)
+      blockwise_rope(q.qr.data(), to_acc<Acc>(k.get("gamma_rq")).data(), pos, k, eps, {},
+                     d.prelude);
   } else {
     const std::vector<Acc> gq = to_acc<Acc>(k.get("gamma_q"));
     const bool ntr = c.rope_order == RopeOrder::NormThenRope;
     if (!ntr && pos < 0) {
       q.alpha_q = std::numeric_limits<Acc>::quiet_NaN();
     } else {
-      if (!ntr) rotate(q.qr.data(), k, pos);
+      if (!ntr) rotate(q.qr.data(), k, pos), eager_step(d.prelude, q.qr.data(), c.d_r);
       q.alpha_q = rsqrt_of(d, unified_inv(q.qc.data(), q.qr.data(), k, eps), d.alpha_q, A);
-      scale_gain(q.qc.data(), c.d_c, gq.data(), q.alpha_q);
-      scale_gain(q.qr.data(), c.d_r, gq.data() + c.d_c, q.alpha_q);
-      if (ntr && pos >= 0) rotate(q.qr.data(), k, pos);
+      norm_gain(q.qc.data(), c.d_c, gq.data(), q.alpha_q, d.prelude);
+      norm_gain(q.qr.data(), c.d_r, gq.data() + c.d_c, q.alpha_q, d.prelude);
+      if (ntr && pos >= 0) rotate(q.qr.data(), k, pos), eager_step(d.prelude, q.qr.data(), c.d_r);
     }
   }
   if (d.scale_in_q) {  // sigma enters the query before it is stored (design_scale is then 1)
@@ -107,16 +118,16 @@ Acc group_key(const Case& k, int b, int64_t t, const KeyGains<Acc>& gains, Acc e
     rotate(kr, k, t);
   } else if (c.norm == NormMode::Blockwise) {
     alpha_k = rsqrt_of(d, inv_rms_from(sum_sq(kc, dc), dc, eps));
-    scale_gain(kc, dc, gains.ck.data(), alpha_k);
-    blockwise_rope(kr, gains.rk.data(), t, k, eps);
+    norm_gain(kc, dc, gains.ck.data(), alpha_k, d.prelude);
+    blockwise_rope(kr, gains.rk.data(), t, k, eps, {}, d.prelude);
   } else {
-    const std::vector<Acc> z(zk, zk + dr);  // [d_r]
-    if (!ntr) rotate(kr, k, t);             // kr: the rotated key (rope first), else the raw one
+    const std::vector<Acc> z(zk, zk + dr);                      // [d_r]
+    if (!ntr) rotate(kr, k, t), eager_step(d.prelude, kr, dr);  // kr: rotated (rope first), or raw
     alpha_k = rsqrt_of(d, unified_inv(kc, ntr ? z.data() : kr, k, eps));
-    scale_gain(kc, dc, gains.k.data(), alpha_k);
+    norm_gain(kc, dc, gains.k.data(), alpha_k, d.prelude);
     if (d.rope_key == A) {
-      scale_gain(kr, dr, gains.k.data() + dc, alpha_k);
-      if (ntr) rotate(kr, k, t);
+      norm_gain(kr, dr, gains.k.data() + dc, alpha_k, d.prelude);
+      if (ntr) rotate(kr, k, t), eager_step(d.prelude, kr, dr);
     } else {  // the cached rotated, gain-applied key, stored before alpha_k scales it
       scale_gain(kr, dr, gains.k.data() + dc, Acc(1));
       if (ntr) rotate(kr, k, t);
@@ -147,6 +158,7 @@ GroupCache<Acc> group_cache(const Case& k, int b, int g, const std::vector<Acc>&
     const std::vector<Acc> rows = latent_rows<Acc>(k, b, t0, n);  // [n, r]
     // E.1: k0c and v of group g, accumulated in Acc over r (each output's sum is its own).
     rows_mat(rows.data(), n, r, wk.data() + g * dc, G * dc, dc, e.kc.data() + t0 * dc);
+    eager_step(d.prelude, e.kc.data() + t0 * dc, int(n * dc));  // a module's k0c, stored
     rows_mat(rows.data(), n, r, wv.data() + g * dv, G * dv, dv, e.v.data() + t0 * dv);
     for (int64_t t = t0; t < t0 + n; ++t)
       e.alpha_k[size_t(t)] =
