@@ -89,3 +89,24 @@ TEST_CASE("judge.design.explicit_module_prelude") {
   for (const Candidate& x : candidate_designs(none, Form::Explicit, {{"out", {DType::F16}}}))
     CHECK(x.d.prelude == DType::F64);  // no norm: k0c is the key, stored at the kv point anyway
 }
+
+// An explicit module reads the fp8 latent into bf16 before its up-projection (SGLang's
+// _get_mla_kv_buffer with q's dtype): chunked_merge's seed 106060 (fp8 normal) had out bias 5.6x
+// the explicit candidates' until the chunked family took that point. The explicit form's CPU
+// implementation must honour it.
+TEST_CASE("judge.design.explicit_fp8_latent_read_in_bf16") {
+  const Design d = parse_design("cache=bf16", Profile::FP8, Form::Explicit);
+  CHECK(d.cache == DType::BF16);
+  Design plain = d;
+  plain.cache = DType::F64;
+  MlaConfig c = test::tiny_config(Profile::FP8, {0, 17, 40}, 2, NormMode::Blockwise,
+                                  test::seed(106060), "tiny-nope");
+  CAPTURE(c.seed);
+  const Case k = generate_case(c);
+  CHECK(out_of(impl::cpu_explicit(k, d)) != out_of(impl::cpu_explicit(k, plain)));
+  bool chunked_reads_bf16 = false;
+  for (const Candidate& x : candidate_designs(c, Form::Explicit, {{"out", {DType::BF16}}}))
+    chunked_reads_bf16 =
+        chunked_reads_bf16 || (x.d.partials != DType::F64 && x.d.cache == DType::BF16);
+  CHECK(chunked_reads_bf16);
+}

@@ -131,7 +131,9 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
   // chunks whose outputs are stored in that dtype and merged by lse one after another
   // (merge_state_v2, merge_attn_states). In fp16 a tiny k0c is a subnormal (zoo seed 105681,
   // chunked_merge tiny_keys: lse worst_row 8.3x), and so is a tiny output, whose repeated
-  // roundings make a row scale (seed 105743: out bias 11.1x). Only split orders store partials.
+  // roundings make a row scale (seed 105743: out bias 11.1x). In fp8 the latent is read into bf16
+  // before the up-projection (SGLang's _get_mla_kv_buffer with q's dtype; seed 106060: out bias
+  // 5.6x). Only split orders store partials.
   // Not a candidate of the absorbed form: its split-KV kernels keep their partials in fp32
   // (FlashMLA's oaccum, FlashDecoding). Nor is the module's key a point of the explicit PyTorch
   // module family: there it cost kills in undeclared audits, which sample both forms (a one-head
@@ -140,6 +142,7 @@ void real_code_families(const MlaConfig& c, const Design& base, DType D,
     Design chunked = flash;
     chunked.partials = D;
     if (c.norm != NormMode::None) chunked.prelude = D;
+    if (is_fp8(c.profile)) chunked.cache = DType::BF16;  // the fp8 latent read into bf16 first
     add("explicit modules, chunks stored and merged (SGLang chunked prefix)", chunked);
   }
   // A module storing every op's output stores out too; kernel-level references compute in fp32.

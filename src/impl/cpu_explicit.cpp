@@ -155,7 +155,8 @@ GroupCache<Acc> group_cache(const Case& k, int b, int g, const std::vector<Acc>&
   e.alpha_k.resize(size_t(T));
   for (int64_t t0 = 0; t0 < T; t0 += kProjectTokens) {
     const int64_t n = std::min(kProjectTokens, T - t0);
-    const std::vector<Acc> rows = latent_rows<Acc>(k, b, t0, n);  // [n, r]
+    std::vector<Acc> rows = latent_rows<Acc>(k, b, t0, n);  // [n, r]
+    eager_step(rounds_at(d.cache, A) ? d.cache : DType::F64, rows.data(), int(rows.size()));
     // E.1: k0c and v of group g, accumulated in Acc over r (each output's sum is its own).
     rows_mat(rows.data(), n, r, wk.data() + g * dc, G * dc, dc, e.kc.data() + t0 * dc);
     eager_step(d.prelude, e.kc.data() + t0 * dc, int(n * dc));  // a module's k0c, stored
