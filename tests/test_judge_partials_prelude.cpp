@@ -4,7 +4,7 @@
 // partial outputs stored in the activation dtype and merged one by one (seed 105743: out bias
 // 11.1x the other families'), and an explicit module's key up-projected into that dtype before its
 // norm (seed 105681: lse worst_row 8.3x). Each point must reach the arithmetic, and the explicit
-// family that has them exist only where they round. zoo.real_code_families runs the style on both.
+// family that has them exist only where they round. zoo.chunked_prefill runs the style on both.
 #include <doctest/doctest.h>
 
 #include "harness/yardstick.hpp"
