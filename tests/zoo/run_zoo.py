@@ -61,7 +61,7 @@ from fastmath import ex2_approx  # noqa: E402
 STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "sdpa_explicit",
           "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla", "vllm_triton",
           "ggml_cpu", "hf_eager_explicit", "mlx_sdpa", "torch_cpu_flash",
-          "flashinfer_mla", "flashmla_sparse", "chunked_merge"]
+          "flashinfer_mla", "flashmla_sparse", "chunked_merge", "vllm_mla_prefill"]
 # seeds from here on also draw sparse top-k, attention sinks and fp8-block128 (case_spec); the
 # specs of earlier seeds are unchanged, since reports cite them
 NEW_FEATURES_FROM = 95000
