@@ -7,6 +7,8 @@
 // family that has them exist only where they round. zoo.chunked_prefill runs the style on both.
 #include <doctest/doctest.h>
 
+#include <string>
+
 #include "harness/yardstick.hpp"
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
@@ -23,12 +25,18 @@ struct SplitScope {  // a yardstick's split-KV order for the scope's lifetime
 
 const std::vector<double>& out_of(const Outputs& o) { return o.tensors.at("out").data; }
 
+// A --design text parsed, after checking that its printed form reads back as the same design.
+Design parsed(const std::string& text, Profile p, Form f) {
+  const Design d = parse_design(text, p, f);
+  CHECK(parse_design(to_string(d), p, f) == d);
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("judge.design.split_partials_stored") {
-  const Design d = parse_design("p=stored,exp2=yes,partials=stored", Profile::FP16, Form::Absorbed);
+  const Design d = parsed("p=stored,exp2=yes,partials=stored", Profile::FP16, Form::Absorbed);
   CHECK(d.partials == DType::F16);
-  CHECK(parse_design(to_string(d), Profile::FP16, Form::Absorbed) == d);
   Design plain = d;
   plain.partials = DType::F64;
   MlaConfig c =
@@ -64,9 +72,8 @@ TEST_CASE("judge.design.split_partials_stored") {
 }
 
 TEST_CASE("judge.design.explicit_module_prelude") {
-  const Design d = parse_design("prelude=stored", Profile::FP16, Form::Explicit);
+  const Design d = parsed("prelude=stored", Profile::FP16, Form::Explicit);
   CHECK(d.prelude == DType::F16);
-  CHECK(parse_design(to_string(d), Profile::FP16, Form::Explicit) == d);
   Design plain = d;
   plain.prelude = DType::F64;
   for (NormMode norm : {NormMode::Blockwise, NormMode::Unified}) {

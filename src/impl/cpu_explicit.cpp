@@ -22,14 +22,6 @@ Acc rsqrt_of(const Design& d, Acc inv, DType point = DType::F64, DType A = DType
   return rounds_at(point, A) ? store(point, x) : x;
 }
 
-// RMSNorm's x * inv * gamma in Acc, or, with a module prelude (Design::prelude), as a module in the
-// stored dtype computes it: x * inv stored, then gamma * that stored (Qwen3's RMSNorm).
-template <class Acc>
-void norm_gain(Acc* z, int n, const Acc* gamma, Acc inv, DType prelude) {
-  if (prelude == DType::F64) return scale_gain(z, n, gamma, inv);
-  for (int j = 0; j < n; ++j) z[j] = store(prelude, gamma[j] * store(prelude, z[j] * inv));
-}
-
 template <class Acc>
 struct ExplicitQuery {
   std::vector<Acc> qc, qr;  // qc^ [d_c], qr^ [d_r], rounded to D

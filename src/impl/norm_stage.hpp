@@ -14,6 +14,14 @@ void eager_step(DType eager, Acc* z, int n) {
     for (int j = 0; j < n; ++j) z[j] = store(eager, z[j]);
 }
 
+// RMSNorm's x * inv * gamma in Acc, or, when `eager` is a format (a module in the stored dtype:
+// Design::eager, Design::prelude), x * inv stored, then gamma * that stored (Qwen3's RMSNorm).
+template <class Acc>
+void norm_gain(Acc* z, int n, const Acc* gamma, Acc inv, DType eager) {
+  if (eager == DType::F64) return scale_gain(z, n, gamma, inv);
+  for (int j = 0; j < n; ++j) z[j] = store(eager, gamma[j] * store(eager, z[j] * inv));
+}
+
 // Blockwise rope vector: normalize with its own gain and rotate, in the configured order.
 // z [d_r] holds the raw vector on entry and the normalized rotated vector (in Acc) on return.
 // Eager: rotated, normalized (x * inv), and gained (gamma * x) each stored, as Qwen3's RMSNorm and
@@ -25,11 +33,7 @@ void blockwise_rope(Acc* z, const Acc* gamma, int64_t pos, const Case& k, Acc ep
   const bool ntr = hook::norm_then_rope(p, k.cfg);
   if (!ntr) rotate(z, k, pos), eager_step(eager, z, dr);
   const Acc inv = hook::inv_rms(p, sum_sq(z, dr), dr, eps);
-  if (eager == DType::F64) {
-    scale_gain(z, dr, gamma, inv);
-  } else {
-    for (int j = 0; j < dr; ++j) z[j] = store(eager, gamma[j] * store(eager, z[j] * inv));
-  }
+  norm_gain(z, dr, gamma, inv, eager);
   if (ntr) rotate(z, k, pos), eager_step(eager, z, dr);
 }
 
