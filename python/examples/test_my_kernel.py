@@ -74,6 +74,9 @@ def test_bad_arrays_are_refused():
     # had surfaced an internal "format_of" message).
     with pytest.raises(qkmla.QkmlaError, match="out: dtype I32"):
         qkmla.audit(case, out=case.ref["out"].astype("int32"))
+    # A declared chunk length (a chunked prefill's KV chunks) is a positive number of tokens.
+    with pytest.raises(qkmla.QkmlaError, match="kv-chunk"):
+        qkmla.audit(case, out=case.ref["out"].astype("float32"), kv_chunk=-1)
     # A wrong argument is a QkmlaError naming it (it had been pybind11's "Unable to cast").
     with pytest.raises(qkmla.QkmlaError, match="seed=-1"):
         qkmla.golden(preset="tiny", seed=-1)

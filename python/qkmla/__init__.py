@@ -169,7 +169,7 @@ class Verdict:
 
 def audit(case, out=None, lse=None, latent_out=None, alpha_k=None, q_latent=None, alpha_q=None,
           label="third_party", lse_base="e", empty_lse=None, form="", design=None,
-          diagnose=True, layout=None, softmax_lse=None, o=None):
+          diagnose=True, layout=None, softmax_lse=None, o=None, kv_chunk=0):
     """Judges the given outputs against `case` (a Case or a path), as `qkmla audit` does. With
     `layout="flashmla"` give FlashMLA's `out` and `softmax_lse` ([B, H, S_q], +inf for empty
     rows); with `layout="flashinfer"` its `o` and `lse` (docs/layouts.md)."""
@@ -181,7 +181,8 @@ def audit(case, out=None, lse=None, latent_out=None, alpha_k=None, q_latent=None
     if empty_lse is None:
         empty_lse = "+inf" if layout == "flashmla" else "-inf"
     opts = dict(label=label, lse_base=str(lse_base), empty_lse=empty_lse, form=form,
-                design=design or "", diagnose=diagnose, layout=layout or "dense")
+                design=design or "", diagnose=diagnose, layout=layout or "dense",
+                kv_chunk=int(kv_chunk))
     return Verdict(_qkmla.audit(case._h, outputs, opts))
 
 

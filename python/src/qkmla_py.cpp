@@ -90,6 +90,7 @@ PYBIND11_MODULE(_qkmla, m) {
     qkmla::api::AuditOptions o;
     take(d, "label", o.label), take(d, "lse_base", o.lse_base), take(d, "empty_lse", o.empty_lse);
     take(d, "form", o.form), take(d, "design", o.design), take(d, "diagnose", o.diagnose);
+    take(d, "kv_chunk", o.kv_chunk);
     take(d, "layout", o.layout);
     const std::map<std::string, Array> given = arrays(outputs);
     qkmla::api::Verdict v;

@@ -181,6 +181,7 @@ Verdict audit(const GoldenCase& c, const std::map<std::string, Array>& outputs,
     qkmla::AuditOptions ao;
     ao.label = o.label, ao.lse_base = o.lse_base, ao.empty_lse = o.empty_lse;
     ao.form = o.form, ao.design = o.design, ao.diagnose = o.diagnose;
+    ao.kv_chunk = o.kv_chunk;
     ao.rule = default_rule();
     const AuditResult r = audit_in_layout(Access::of(c).file, "<case>", parse_layout(o.layout),
                                           given, "<outputs>", ao);

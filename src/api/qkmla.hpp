@@ -62,6 +62,7 @@ struct AuditOptions {
   std::string empty_lse = "-inf";  // "-inf", "+inf" or "nan": the outputs' empty-row lse
   std::string form;    // "absorbed", "explicit", or "" (undeclared: both where affordable)
   std::string design;  // e.g. "q_latent=bf16,p=bf16,out=bf16" ("" = inferred)
+  int kv_chunk = 0;    // > 0: KV chunks of this many tokens merged by lse (`--kv-chunk`)
   bool diagnose = true;
   std::string layout = "dense";  // the outputs as "flashmla" or "flashinfer" returns them
 };

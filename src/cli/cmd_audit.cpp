@@ -1,5 +1,6 @@
 // qkmla audit CASE OUTPUTS: a third party's outputs against a golden case's reference, with the
 // gate rule, worst elements and per-head / per-sequence breakdowns.
+#include <limits>
 #include <memory>
 
 #include "cli/commands.hpp"
@@ -52,6 +53,11 @@ Runner add_audit(CLI::App& app, const std::string&) {
                   "the audited implementation's form: absorbed or explicit (picks the yardstick; "
                   "default: both, where the explicit samples are affordable)")
       ->check(CLI::IsMember({"absorbed", "explicit"}));
+  cmd->add_option("--kv-chunk", f->o.kv_chunk,
+                  "the audited implementation attends over KV chunks of N tokens merged one "
+                  "after another by their lse (a chunked prefill): the yardstick samples that "
+                  "chunking instead of split-KV into 2-4 chunks")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option(
       "--design", f->o.design,
       "the rounding points of the audited design, e.g. "

@@ -367,6 +367,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                          primary[0] + " and/or lse)");
   // The yardstick: correct implementations of the declared design, or of every legitimate design
   // consistent with the form and what was delivered, on this very case.
+  if (o.kv_chunk < 0) throw ConfigError("kv-chunk", "must be a positive number of tokens");
   const std::vector<Form> forms = audit_forms(c, o.form, delivered, &res.forms_note);
   for (Form f : forms) res.forms.push_back(form_name(f));
   const std::vector<Candidate> inferred =
@@ -384,13 +385,14 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     designs = {{"declared design", d}};
   }
   res.declared = o.design.empty() ? "" : to_string(designs[0].d);
+  res.kv_chunk = o.kv_chunk;
   for (const Candidate& d : designs) res.designs.push_back(to_string(d.d));
   std::vector<std::string> names;
   for (const auto& [name, dt] : delivered) names.push_back(name);
   auto ref = [&](const std::string& t) {
     return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr;
   };
-  const Yardstick ys = measure_yardstick(cf.k, designs, ref, names);
+  const Yardstick ys = measure_yardstick(cf.k, designs, ref, names, o.kv_chunk);
   std::map<std::string, std::vector<bool>> judged_masks;  // each tensor's, as its statistics use
   for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
@@ -455,7 +457,7 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
       return *at;
   if (!res.declared.empty() && !res.pass()) {  // strict: say what the undeclared designs make of it
     const Yardstick all =
-        measure_yardstick(cf.k, candidate_designs(c, forms, delivered), ref, names);
+        measure_yardstick(cf.k, candidate_designs(c, forms, delivered), ref, names, o.kv_chunk);
     for (const TensorAudit& a : res.tensors)
       if (!a.j.v.pass && is_primary(c, a.j.tensor))
         res.undeclared[a.j.tensor] =

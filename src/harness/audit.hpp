@@ -19,7 +19,10 @@ struct AuditOptions {
   // the judged implementation's form: absorbed or explicit; "" (undeclared): both where affordable
   // (harness/yardstick.hpp audit_forms)
   std::string form;
-  std::string design;    // a declared design (core/design.hpp syntax), or "" to infer
+  std::string design;  // a declared design (core/design.hpp syntax), or "" to infer
+  // > 0: the implementation attends over KV chunks of this many tokens merged by their lse (a
+  // chunked prefill): the yardstick samples that chunking instead of 2-4 splits (yardstick.hpp)
+  int kv_chunk = 0;
   bool diagnose = true;  // on FAIL, try the conventions of harness/diagnose.hpp
   // undeclared, on FAIL: judge the outputs once more as attention at the softmax scale stored in
   // the model dtype (harness/stored_scale.hpp), against that problem's own truth
@@ -69,6 +72,7 @@ struct AuditResult {
   std::string declared;              // the declared design ("" when inferred)
   std::vector<std::string> forms;    // the forms the candidates took (absorbed, explicit)
   std::string forms_note;            // why a form was left out, where one was
+  int kv_chunk = 0;                  // the declared KV chunk length (0: none)
   // With a declared design that failed: how the undeclared candidates fit each failed tensor.
   std::map<std::string, std::vector<FamilyFit>> undeclared;
   std::string nothing_judged;    // non-empty: no primary output was judged (never a PASS)

@@ -371,7 +371,7 @@ std::vector<std::vector<Outputs>> run_designs(const Case& k, const std::vector<D
   // stored partials alone differ from their base only in a split order: no duplicate samples
   const auto skipped = [&](const Design& d) {
     return rounds_at(d.partials, accumulate_dtype(k.cfg.profile)) && d.prelude == DType::F64 &&
-           impl::sum_order().splits == 1;
+           !impl::sum_order().splitting();
   };
   std::vector<impl::AbsorbedSpec> absorbed;
   for (const Design& d : designs)
@@ -432,15 +432,25 @@ struct OrderScope {
 // Split-KV into 2, 3 and 4 chunks: a kernel picks the count from the row's length, and each count
 // rounds each chunk's fp32 lse at other points (zoo seed 93036: 3 chunks, lse 252, 5.8x the
 // 2- and 4-chunk draws).
-const std::vector<impl::SumOrder>& yardstick_orders() {
-  static const std::vector<impl::SumOrder> o = {{false, 1, 1}, {true, 1, 1},  {false, 2, 1},
-                                                {false, 8, 1}, {false, 1, 2}, {false, 1, 3},
-                                                {false, 1, 4}};
+// A declared chunk length (--kv-chunk N) replaces them: the implementation merges as many chunks
+// as a row has, and the error of stored partials grows with their number (zoo style
+// vllm_mla_prefill, seed 107333: 7-19 chunks of 16 tokens, out bias 5.24x the 2-4-chunk samples'),
+// so each split order takes chunks of N tokens, in the forward and reversed order and in 8 lanes.
+std::vector<impl::SumOrder> yardstick_orders(int kv_chunk) {
+  std::vector<impl::SumOrder> o = {{false, 1, 1}, {true, 1, 1}, {false, 2, 1}, {false, 8, 1}};
+  if (kv_chunk > 0) {
+    for (impl::SumOrder s : {impl::SumOrder{false, 1}, {true, 1}, {false, 8}})
+      s.chunk = kv_chunk, o.push_back(s);
+  } else {
+    for (int splits : {2, 3, 4}) o.push_back({false, 1, splits});
+  }
   return o;
 }
 
 Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs,
-                            const TruthOf& truth, const std::vector<std::string>& tensors) {
+                            const TruthOf& truth, const std::vector<std::string>& tensors,
+                            int kv_chunk) {
+  const std::vector<impl::SumOrder> orders = yardstick_orders(kv_chunk);
   Yardstick y;
   y.designs = designs;
   std::vector<Design> plain;
@@ -449,8 +459,8 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
   for (const std::string& t : tensors) masks[t] = valid_mask(k, t);
   const std::vector<double> lse_floor = lse_abs_floor(k);
   const DType A = accumulate_dtype(k.cfg.profile);
-  for (size_t order = 0; order < yardstick_orders().size(); ++order) {
-    OrderScope scope(yardstick_orders()[order]);
+  for (size_t order = 0; order < orders.size(); ++order) {
+    OrderScope scope(orders[order]);
     const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
     if (order == 0) {  // the noise levels first: their ill-conditioned rows leave the masks
       std::map<size_t, std::vector<Outputs>> dithered;

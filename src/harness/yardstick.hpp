@@ -124,8 +124,9 @@ struct Yardstick {
   std::vector<bool> mask(const std::string& t, std::vector<bool> valid) const;
   // Per tensor: the largest over the designs of the RMS of rel_l2 over the design's samples: seven
   // orders (forward, reversed, 2 and 8 lanes, split-KV into 2, 3 and 4 chunks combined by their
-  // lse) x, for the absorbed form, the exact-arithmetic variants that round different values at the
-  // same points. Every sample included (the gate leaves out the judged run itself with rms()).
+  // lse, or three orders of a declared chunk length) x, for the absorbed form, the exact-arithmetic
+  // variants that round different values at the same points. Every sample included (the gate leaves
+  // out the judged run itself with rms()).
   std::map<std::string, double> rel_l2;
   std::map<std::string, std::string> design_of;  // which design made it
 
@@ -155,8 +156,11 @@ Design design_of(const ImplId& id, Profile p);
 // Runs every design on the case (CPU, the case's profile arithmetic) and measures each tensor
 // against `truth(tensor)` (null: not measured). Tensors absent from a design's outputs are skipped.
 using TruthOf = std::function<const Tensor*(const std::string&)>;
+// kv_chunk > 0: the judged implementation attends over KV chunks of that many tokens merged by
+// their lse (a declared --kv-chunk), sampled instead of split-KV into 2, 3 and 4 chunks.
 Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs,
-                            const TruthOf& truth, const std::vector<std::string>& tensors);
+                            const TruthOf& truth, const std::vector<std::string>& tensors,
+                            int kv_chunk = 0);
 Yardstick measure_yardstick(const Case& k, const std::vector<Design>& designs, const TruthOf& truth,
                             const std::vector<std::string>& tensors);
 

@@ -121,20 +121,20 @@ Acc merge_stored(const std::vector<Acc>& lse_s, const std::vector<std::vector<Ac
   return lse;
 }
 
-// Split-KV (FlashDecoding): the row's tokens in `splits` contiguous chunks, each attended alone
+// Split-KV (FlashDecoding): the row's tokens in contiguous chunks of `per`, each attended alone
 // (its lse and normalized output in Acc), then combined by lse weights. A yardstick's order
 // (profile_math.hpp), so that a split kernel's rounding of each chunk's lse is sampled too.
 template <class Acc, class Logit, class Value>
 Acc attend_split(const std::vector<int64_t>& tokens, const Logit& logit, const Value& value,
-                 int width, std::vector<Acc>& acc, const RowRounding& rr, int splits) {
+                 int width, std::vector<Acc>& acc, const RowRounding& rr, size_t per) {
   using std::exp;
   using std::log;
   std::vector<Acc> lse_s;
   std::vector<std::vector<Acc>> o_s;
-  const size_t n = tokens.size(), per = (n + size_t(splits) - 1) / size_t(splits);
+  const size_t n = tokens.size();
   {
     SumOrder inner = sum_order();
-    inner.splits = 1;
+    inner.splits = 1, inner.chunk = 0;
     const SumOrder saved = std::exchange(sum_order(), inner);
     for (size_t at = 0; at < n; at += per) {
       o_s.emplace_back();
@@ -166,8 +166,8 @@ Acc attend_row(const std::vector<int64_t>& tokens, const Logit& logit, const Val
   // its correct implementations never split the row, and per-chunk normalized, stored P has a
   // row scale error ~10x a module's (zoo seed 72533), so no split is sampled for it.
   if constexpr (std::is_floating_point_v<Acc>)
-    if (sum_order().splits > 1 && tokens.size() >= size_t(sum_order().splits) && !rr.p_normalized)
-      return attend_split(tokens, logit, value, width, acc, rr, sum_order().splits);
+    if (const size_t per = sum_order().chunk_tokens(tokens.size()); per && !rr.p_normalized)
+      return attend_split(tokens, logit, value, width, acc, rr, per);
   std::vector<Acc> p;
   p.reserve(tokens.size());
   for (int64_t t : tokens) p.push_back(rr.score ? dithered_store(*rr.score, logit(t)) : logit(t));
@@ -305,7 +305,7 @@ Acc apply_sink(const Case& k, const Perturbation& p, int h, Acc lse, std::vector
       // weight exp(lse - L) with L = logaddexp(lse, s) rounded in Acc carries L's absolute
       // rounding, u |L|, where 1 / (1 + exp(s - lse)) has a relative one (zoo seed 103052,
       // kernel_plain fp32 with a sink: worst_row 10.5x the samples' before).
-      const bool split = sum_order().splits > 1 && p.sink == SinkForm::OutOnly &&
+      const bool split = sum_order().splitting() && p.sink == SinkForm::OutOnly &&
                          lse > -std::numeric_limits<Acc>::infinity();
       const Acc f = split ? std::exp(lse - (lse > s ? lse + std::log(Acc(1) + std::exp(s - lse))
                                                     : s + std::log(Acc(1) + std::exp(lse - s))))

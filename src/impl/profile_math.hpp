@@ -100,13 +100,22 @@ struct SumOrder {
   bool reverse = false;
   int lanes = 1;
   int splits = 1;  // attention rows split into this many KV chunks combined by their lse
+  // > 0: attention rows split into KV chunks of this many tokens instead (an audit's declared
+  // --kv-chunk: a chunked prefill merging as many chunks as its row has)
+  int chunk = 0;
+  bool splitting() const { return splits > 1 || chunk > 0; }
+  // The tokens per chunk of a row of n tokens; 0: the row is not split.
+  size_t chunk_tokens(size_t n) const {
+    if (chunk > 0) return n > size_t(chunk) ? size_t(chunk) : 0;
+    return splits > 1 && n >= size_t(splits) ? (n + size_t(splits) - 1) / size_t(splits) : 0;
+  }
 };
 inline SumOrder& sum_order() {
   thread_local SumOrder o;
   return o;
 }
 inline bool forward_order() {
-  return !sum_order().reverse && sum_order().lanes == 1 && sum_order().splits == 1;
+  return !sum_order().reverse && sum_order().lanes == 1 && !sum_order().splitting();
 }
 
 // sum_{j < n} term(j) in the current order.

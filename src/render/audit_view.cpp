@@ -53,6 +53,9 @@ std::string audit_text(const AuditResult& r, bool md) {
                   to_string(c.profile), c.preset, c.scenario);
   if (!r.declared.empty()) text += "declared design (strict): " + r.declared + "\n";
   if (!r.forms_note.empty()) text += r.forms_note + "\n";
+  if (r.kv_chunk > 0)
+    text +=
+        fmt::format("declared KV chunks of {} tokens: sampled instead of 2-4 splits\n", r.kv_chunk);
   if (!r.stored_scale.empty()) text += r.stored_scale + "\n";
   if (!r.missing.empty())
     text +=
@@ -115,6 +118,7 @@ std::string audit_json(const AuditResult& r) {
   j["designs"] = r.designs;
   j["forms"] = r.forms;
   j["forms_note"] = r.forms_note;
+  j["kv_chunk"] = r.kv_chunk;
   j["stored_scale"] = r.stored_scale;
   j["diagnosis"] = nlohmann::json::array();
   for (const Match& m : r.diagnosis) {

@@ -65,6 +65,14 @@ def _chunking(seqlens, sq):
     return ctx, C, -(-max(ctx) // C)
 
 
+def audit_args(cfg):
+    """The explicit form, and the chunk length its merges use: a user of a workspace this small
+    declares it (`--kv-chunk`), since the error of stored partials grows with their number."""
+    seqlens, sq = [int(x) for x in cfg["seqlens"]], int(cfg["s_q"])
+    _, C, nch = _chunking(seqlens, sq)
+    return AUDIT_ARGS + (("--kv-chunk", str(C)) if nch >= 2 else ())
+
+
 def bug_applies(cfg, bug):
     if cfg.get("level", "module") != "module":
         return False
