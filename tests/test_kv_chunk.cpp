@@ -1,4 +1,5 @@
-// impl.sum_order.chunk_tokens, judge.yardstick.declared_kv_chunk: a declared chunk length
+// impl.sum_order.chunk_tokens, judge.yardstick.declared_kv_chunk, render.audit.kv_chunk_hint: a
+// declared chunk length
 // (`qkmla audit --kv-chunk N`) cuts every attention row into chunks of N tokens merged by their
 // lse, in place of the yardstick's 2-4 splits. A chunked prefill with a small workspace merges
 // many stored partials, whose error grows with their number (zoo style vllm_mla_prefill, seed
@@ -11,6 +12,7 @@
 #include "helpers.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/profile_math.hpp"
+#include "render/audit_view.hpp"
 
 using namespace qkmla;
 
@@ -85,4 +87,30 @@ TEST_CASE("judge.yardstick.declared_kv_chunk") {
     else
       CHECK(a != b);
   }
+}
+
+// An undeclared explicit audit whose out fails on a row scale names the declaration; a declared
+// one, one without explicit candidates, or one failing elsewhere does not.
+TEST_CASE("render.audit.kv_chunk_hint") {
+  AuditResult r;
+  r.forms = {"absorbed", "explicit"};
+  TensorAudit out;
+  out.j.tensor = "out";
+  out.j.v.pass = false;
+  StructureCheck bias;
+  bias.stat = "bias", bias.pass = false;
+  out.structure = {bias};
+  r.tensors = {out};
+  const std::string hint = "declare its chunk length with --kv-chunk N";
+  CHECK(audit_text(r, false).find(hint) != std::string::npos);
+  r.kv_chunk = 4;
+  CHECK(audit_text(r, false).find(hint) == std::string::npos);
+  r.kv_chunk = 0;
+  r.forms = {"absorbed"};
+  CHECK(audit_text(r, false).find(hint) == std::string::npos);
+  r.forms = {"explicit"};
+  r.tensors[0].structure[0].stat = "worst_head";
+  CHECK(audit_text(r, false).find(hint) == std::string::npos);
+  r.tensors[0].structure[0].stat = "row_bias";
+  CHECK(audit_text(r, false).find(hint) != std::string::npos);
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "render/junit.hpp"
@@ -41,6 +42,20 @@ std::string verdict_line(const AuditResult& r) {
   if (!last.consistent)
     text += fmt::format("; {}: ratio {:.3g} (not consistent)", last.family, last.ratio);
   return text;
+}
+
+// Whether to point at --kv-chunk: an undeclared chunk length, the explicit form among the
+// candidates (its chunked family merges stored partials) and out failing on a row scale, the
+// signature of many stored merges (zoo style vllm_mla_prefill, seed 107333).
+bool merge_hint(const AuditResult& r) {
+  if (r.pass() || r.kv_chunk > 0 ||
+      std::find(r.forms.begin(), r.forms.end(), "explicit") == r.forms.end())
+    return false;
+  for (const TensorAudit& a : r.tensors)
+    if (a.j.tensor == "out")
+      for (const StructureCheck& s : a.structure)
+        if (!s.pass && (s.stat == "bias" || s.stat == "row_bias")) return true;
+  return false;
 }
 
 }  // namespace
@@ -102,6 +117,12 @@ std::string audit_text(const AuditResult& r, bool md) {
   }
   if (!r.diagnosis.empty()) text += "\n  (in parentheses: rel_l2 under the case's own conventions)";
   if (!r.diagnosis.empty()) text += "\n";
+  if (merge_hint(r))
+    text +=
+        "\nnote: out fails on a row scale (bias or row_bias); if the implementation merges more "
+        "than 4 KV chunks one after another, each partial stored (a chunked prefill with a small "
+        "workspace), declare its chunk length with --kv-chunk N: undeclared, the yardstick "
+        "merges 2 to 4\n";
   return text + "\nverdict: " + verdict_line(r) + "\n";
 }
 
