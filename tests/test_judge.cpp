@@ -26,7 +26,10 @@ TEST_CASE("judge.design.parse_and_print_round_trip") {
   CHECK(parse_design("gains=merged", Profile::BF16, Form::Absorbed).gains_merged);
   CHECK_FALSE(parse_design("", Profile::BF16, Form::Absorbed).gains_merged);
   CHECK_THROWS_AS(parse_design("gains=yes", Profile::BF16, Form::Absorbed), ConfigError);
-  CHECK_THROWS_AS(parse_design("q_latent=fp8", Profile::BF16, Form::Absorbed), ConfigError);
+  CHECK_THROWS_AS(parse_design("q_latent=fp4", Profile::BF16, Form::Absorbed), ConfigError);
+  // fp8 (e4m3) is a point of an all-FP8 kernel's query and P only (judge.design.fp8_query_and_p)
+  CHECK_THROWS_AS(parse_design("alpha_k=fp8", Profile::BF16, Form::Absorbed), ConfigError);
+  CHECK_THROWS_AS(parse_design("cache=fp8", Profile::BF16, Form::Absorbed), ConfigError);
   CHECK_THROWS_AS(parse_design("softmax=fp32", Profile::BF16, Form::Absorbed), ConfigError);
   // An unknown point is named as such whatever its value (it had been "unknown format '1'").
   CHECK_THROWS_WITH(parse_design("q_latent=bf16,zz=1", Profile::BF16, Form::Absorbed),

@@ -137,6 +137,14 @@ Design parse_design(const std::string& text, Profile p, Form default_form) {
           "unknown rounding point (form, q_latent, rope, kv, rope_key, alpha_k, p, "
           "latent_out, out, score, cache, eager, lse, latent_file, sigma, key_fold, partials, "
           "prelude, gains, scale_in_q, exp2, rsqrt)");
+    if (v == "fp8") {  // an all-FP8 kernel's query and P (e4m3; conventions §5)
+      if (point != &Design::q && point != &Design::p)
+        throw ConfigError("design." + k, "fp8 is a format of q_latent and p only");
+      if (d.form == Form::Explicit)
+        throw ConfigError("design." + k, "fp8 is a point of the absorbed and kernel forms");
+      d.*point = DType::F8_E4M3;
+      continue;
+    }
     d.*point = parse_dtype_word(k, v, p);
   }
   return d;

@@ -251,8 +251,11 @@ LatentQuery<Acc> latent_query(const Case& k, int b, int i, int h, Variant v, con
     for (Acc& x : q.q_latent) x *= sigma;
     for (Acc& x : q.rope) x *= sigma;
   }
-  for (Acc& x : q.q_latent) x = round_point(d.q, A, x);
   for (Acc& x : q.rope) x = round_point(d.rope, A, x);
+  if (d.q == DType::F8_E4M3)
+    quantize_row_e4m3(q.q_latent, q.rope);
+  else
+    for (Acc& x : q.q_latent) x = round_point(d.q, A, x);
   return q;
 }
 

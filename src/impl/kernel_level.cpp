@@ -107,10 +107,12 @@ Outputs run(const Case& k, const Design& d, const Perturbation& pt, Variant v) {
         LatentQuery<Acc> q;
         q.q_latent.assign(ql.data.begin() + row * r, ql.data.begin() + (row + 1) * r);
         q.rope.assign(qr.data.begin() + row * dr, qr.data.begin() + (row + 1) * dr);
+        const bool fp8_q = d.q == DType::F8_E4M3;  // quantized below, with its own scale
         if (d.scale_in_q) {  // sigma multiplied into the given query, stored again
-          for (Acc& x : q.q_latent) x = round_point(d.q, A, x * sigma);
+          for (Acc& x : q.q_latent) x = fp8_q ? x * sigma : round_point(d.q, A, x * sigma);
           for (Acc& x : q.rope) x = round_point(d.rope, A, x * sigma);
         }
+        if (fp8_q) quantize_row_e4m3(q.q_latent, q.rope);
         q.row_scale = cf.norm == NormMode::None ? Acc(1) : Acc(k.get("alpha_q")[row]);
         // A kernel with no per-key scale (an SDPA call) gets alpha_k folded into its stored keys
         // (design key_fold, attention_core.hpp) and has no per-row scale either: alpha_q is

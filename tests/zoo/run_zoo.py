@@ -465,14 +465,15 @@ def summarize(results, binary, seeds, main_commit, total_s):
              f"- wall time: {total_s:.1f} s ({total_s / max(len(seeds), 1):.1f} s per seed)", "",
              "## False alarms (correct styles that FAIL or are refused)", "",
              "| style | correct runs | false alarms |", "|---|---|---|"]
-    for s in STYLES:
+    shown = STYLES + sorted(set(by) - set(STYLES))  # a style named with --styles alone, too
+    for s in shown:
         if s in by:
             lines.append(f"| {s} | {by[s]['correct_runs']} | {by[s]['false_alarms']} |")
     lines += ["", "## Kills by style and bug (killed/instances)", "",
               "| style | bug | should-catch killed | 2-10x band killed | rounding-level failed | exit 2 |",
               "|---|---|---|---|---|---|"]
     tot = {"should-catch": [0, 0], "band": [0, 0], "rounding": [0, 0]}
-    for s in STYLES:
+    for s in shown:
         for bug, b in sorted(by.get(s, {}).get("bugs", {}).items()):
             for k in tot:
                 tot[k][0] += b[k][0]
