@@ -11,6 +11,7 @@
 #include "audit_helpers.hpp"
 #include "core/dtype.hpp"
 #include "harness/golden.hpp"
+#include "impl/attention_core.hpp"
 #include "impl/cpu_impls.hpp"
 #include "impl/kernel_level.hpp"
 #include "impl/profile_math.hpp"

@@ -16,6 +16,12 @@ namespace {
 // degree of freedom): an independent draw exceeds 4x its RMS over 8 draws with probability 0.4 %
 // (Student's t, 8 dof), over 4 draws 1.6 %. Each draw costs one more run of the design.
 constexpr int kDraws = 8;
+// An fp8 (e4m3) query moves every logit by ~2^-5 of its size, so a row whose two largest logits
+// lie that close flips its argmax in some draws and not in others: a two-valued row error, not a
+// normal one, whose flips 8 draws miss with probability (1 - p)^8 (zoo style fp8_attention, seed
+// 108251: a row the draws never flipped, 0.32 off in the style). 32 draws miss a 1-in-5 flip one
+// time in 1300; only a declared fp8 design pays for them.
+constexpr int kManyDraws = 32;
 // A row whose noise level is this many times the median row's is ill-conditioned (a near tie of
 // two stored logits: zoo 100326's row was 10 % off, the rest of its rows ~0.1 %).
 constexpr double kIllRow = 10;
@@ -131,10 +137,11 @@ double median_of(const std::vector<double>& l) {
 
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
-                         const std::vector<std::string>& tensors, bool chain) {
+                         const std::vector<std::string>& tensors, bool chain,
+                         const std::set<size_t>& many) {
   Changes ch;
   for (const auto& [n, outs0] : base)
-    for (int draw = 0; draw < kDraws; ++draw) {
+    for (int draw = 0; draw < (many.count(n) ? kManyDraws : kDraws); ++draw) {
       DitherScope scope(draw, chain);
       const std::vector<Outputs> outs = rerun(n);
       for (size_t v = 0; v < outs.size() && v < outs0.size(); ++v)

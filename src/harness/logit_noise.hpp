@@ -7,6 +7,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,12 @@ using Changes = std::map<size_t, std::map<std::string, std::vector<Tensor>>>;
 
 // `base[n]`: design n's forward-order outputs, one per variant; `rerun(n)` runs design n again
 // (every variant, forward order) while a dithered draw is on; `chain`: each stored factor of an
-// eager design's logit dithered too (impl/attention_core.hpp LogitDither).
+// eager design's logit dithered too (impl/attention_core.hpp LogitDither); `many`: designs that
+// take kManyDraws draws instead of kDraws (an fp8 query: logit_noise.cpp).
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
-                         const std::vector<std::string>& tensors, bool chain = false);
+                         const std::vector<std::string>& tensors, bool chain = false,
+                         const std::set<size_t>& many = {});
 
 // Rows of out and latent_out ([B, S_q, H, w]) whose noise level under `ch`'s draws (RMS over a
 // design's draws of the row's |d| / |y|, the largest over designs) exceeds ten times the median

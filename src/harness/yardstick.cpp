@@ -465,12 +465,16 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
     if (order == 0) {  // the noise levels first: their ill-conditioned rows leave the masks
       std::map<size_t, std::vector<Outputs>> dithered;
       for (size_t n = 0; n < plain.size(); ++n)
-        if (rounds_at(plain[n].score, A) ||  // kernel level: the folded query (attention_core.hpp)
+        // stored logits, an fp8 query, the folded query at kernel level (attention_core.hpp)
+        if (rounds_at(plain[n].score, A) || plain[n].q == DType::F8_E4M3 ||
             (rounds_at(plain[n].key_fold, A) && k.cfg.level == Level::Kernel &&
              k.cfg.norm != NormMode::None))
           dithered[n] = outs[n];
       const auto rerun = [&](size_t n) { return run_designs(k, {plain[n]}).front(); };
-      const Changes ch = dithered_changes(dithered, rerun, tensors);
+      std::set<size_t> fp8_query;
+      for (size_t n = 0; n < plain.size(); ++n)
+        if (plain[n].q == DType::F8_E4M3) fp8_query.insert(n);
+      const Changes ch = dithered_changes(dithered, rerun, tensors, false, fp8_query);
       // an eager design's chain draws: its ill rows' allowances, not every statistic's floor
       // (impl/attention_core.hpp LogitDither); only where the final logit's draws find a near
       // tie (they cost eight more runs of the design: a tiny fp8 module audit 0.57 -> 0.88 user-s)

@@ -92,6 +92,33 @@ Acc dithered_store(DType f, Acc l) {
   return s;
 }
 
+// Design::q = F8_E4M3 (an all-FP8 kernel's query; declared only): the query row [q_latent; rope]
+// quantized to e4m3 with one dynamic scale s = amax / 448, each value s * e4m3(x / s) (FlashMLA
+// PR #54's descale_q, aiter's fp8-Q MLA decode; per row here, which differs from their per-tensor
+// scale only for values below e4m3's normal range, 2^-6 s). A row of zeros, or one holding a
+// non-finite value, is left as it is. Dithered while a draw is on, as dithered_store: every
+// sample of the design shares one draw of this coarse rounding, whose structure statistics vary
+// from draw to draw (zoo style fp8_attention, seed 108012: out bias 10.7x the samples').
+template <class Acc>
+void quantize_row_e4m3(std::vector<Acc>& a, std::vector<Acc>& b) {
+  if constexpr (!std::is_floating_point_v<Acc>) {
+    throw std::logic_error("no proven error bound for an fp8 query");
+  } else {
+    Acc amax = 0;
+    for (const std::vector<Acc>* v : {&a, &b})
+      for (Acc x : *v) amax = std::max(amax, std::abs(x));
+    if (!(amax > 0) || !std::isfinite(amax)) return;
+    const double s = double(amax) / 448;
+    LogitDither& d = logit_dither();
+    for (std::vector<Acc>* v : {&a, &b})
+      for (Acc& x : *v) {
+        double e = round_to(DType::F8_E4M3, double(x) / s);
+        if (d.draw >= 0) e += ulp_in(DType::F8_E4M3, e) / std::sqrt(6.0) * d.rng.normal();
+        x = Acc(s * e);
+      }
+  }
+}
+
 // One query row. `logit(t)` gives the logit of token t, `value(t)` a pointer to its `width` values;
 // `acc` [width] receives sum_t p_t value_t, rounding where `rr` says. Returns lse (-inf, acc all
 // zero, for no token).

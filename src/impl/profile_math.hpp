@@ -92,26 +92,6 @@ Acc round_point(DType d, DType A, Acc x) {
   return d == A ? x : store(d, x);
 }
 
-// Design::q = F8_E4M3 (an all-FP8 kernel's query; declared only): the query row [q_latent; rope]
-// quantized to e4m3 with one dynamic scale s = amax / 448, each value s * e4m3(x / s) (FlashMLA
-// PR #54's descale_q, aiter's fp8-Q MLA decode; per row here, which differs from their per-tensor
-// scale only for values below e4m3's normal range, 2^-6 s). A row of zeros, or one holding a
-// non-finite value, is left as it is.
-template <class Acc>
-void quantize_row_e4m3(std::vector<Acc>& a, std::vector<Acc>& b) {
-  if constexpr (!std::is_floating_point_v<Acc>) {
-    throw std::logic_error("no proven error bound for an fp8 query");
-  } else {
-    Acc amax = 0;
-    for (const std::vector<Acc>* v : {&a, &b})
-      for (Acc x : *v) amax = std::max(amax, std::abs(x));
-    if (!(amax > 0) || !std::isfinite(amax)) return;
-    const double s = double(amax) / 448;
-    for (std::vector<Acc>* v : {&a, &b})
-      for (Acc& x : *v) x = Acc(s * round_to(DType::F8_E4M3, double(x) / s));
-  }
-}
-
 // Summation orders. Every sum of a profile implementation takes its terms in one order: forward by
 // default (the proofs and the error bounds assume it). A yardstick (harness/yardstick.hpp) also
 // runs a design in other correct orders, reversed and split over 2 or 8 lanes whose partial sums

@@ -62,10 +62,14 @@ STYLES = ["torch_eager", "flashmla_style", "flashinfer_fp8", "spec_fp32_out", "s
           "kernel_plain", "triton_fold", "sglang_native", "cutlass_blocked", "jax_xla", "vllm_triton",
           "ggml_cpu", "hf_eager_explicit", "mlx_sdpa", "torch_cpu_flash",
           "flashinfer_mla", "flashmla_sparse", "chunked_merge", "vllm_mla_prefill"]
+# Styles run only when named with --styles: a declared design far coarser than every default
+# candidate (fp8_attention: an all-FP8 kernel, rel_l2 ~3e-2), whose correct runs would otherwise
+# raise the correct styles' noise levels that classify every style's bugs.
+OPT_IN = ["fp8_attention"]
 # seeds from here on also draw sparse top-k, attention sinks and fp8-block128 (case_spec); the
 # specs of earlier seeds are unchanged, since reports cite them
 NEW_FEATURES_FROM = 95000
-FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539, 96000-96239, 100100-100139, 100300-100399, 100400-100499, 102000-102099, 102610-102809, 103050-103149, 103416-103515, 103622-103821, 103956, 104623-104722, 104823-104922, 105023-105241, 105662-105861 and 105942-106341 (chunked_merge's first two runs), 107142-107541 (vllm_mla_prefill's second run) and, with --long, 200001-200060 and 200411-200430 (each held seeds that prompted a fix)"
+FITTED = "50000-50999, 61000-61239, 62000-62049, 63000-63119, 64000-64199, 65000-65039, 66000-66219, 68000-68339, 69500-69539, 71000-71339, 71500-71539, 72000-72339, 72500-72539, 74000-74339, 76000-76239, 76500-76559, 77500-77559, 78500-78559, 79000-79239, 79240-79479, 82000-82239, 84000-84239, 88000-88559, 95000-95119, 95500-95539, 96000-96239, 100100-100139, 100300-100399, 100400-100499, 102000-102099, 102610-102809, 103050-103149, 103416-103515, 103622-103821, 103956, 104623-104722, 104823-104922, 105023-105241, 105662-105861 and 105942-106341 (chunked_merge's first two runs), 107142-107541 (vllm_mla_prefill's second run), 107922-108421 (fp8_attention's first two runs) and, with --long, 200001-200060 and 200411-200430 (each held seeds that prompted a fix)"
 OUTPUTS = ("out", "lse", "latent_out")
 STATS = ("rel_l2", "worst_unit", "sys_global", "sys_rows")
 
@@ -525,13 +529,13 @@ def main():
                     help="only the correct styles (a false-alarm sweep; no kill rates)")
     ap.add_argument("--long", action="store_true",
                     help="model presets with 128-2048 cached tokens (long_case_spec)")
-    ap.add_argument("--styles", help="comma-separated subset of STYLES (default all); a bug's "
+    ap.add_argument("--styles", help="comma-separated subset of STYLES or OPT_IN (default: STYLES); a bug's "
                     "class is then measured against these styles' correct runs only")
     a = ap.parse_args()
     styles = a.styles.split(",") if a.styles else STYLES
     for s in styles:
-        if s not in STYLES:
-            ap.error(f"unknown style {s} (STYLES: {', '.join(STYLES)})")
+        if s not in STYLES + OPT_IN:
+            ap.error(f"unknown style {s} (STYLES: {', '.join(STYLES)}; OPT_IN: {', '.join(OPT_IN)})")
     seeds = []
     for part in a.seeds.split(","):
         lo, _, hi = part.partition("-")
