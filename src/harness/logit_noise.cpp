@@ -60,8 +60,9 @@ std::vector<double> row_of(const Tensor& x, size_t r, int64_t w) {
 // towards the tied tokens' values, and a design whose draws do scale the row (a sink near the
 // row's lse) puts that direction in through its draws; a free row scale let one head x 1.10 pass
 // on an ill row (probe seed 555511).
-std::vector<std::vector<double>> tie_basis(const Changes& ch, const std::string& t,
-                                           const Tensor& ref, size_t r, double median) {
+std::vector<std::vector<double>> tie_basis(const std::vector<const Changes*>& chs,
+                                           const std::string& t, const Tensor& ref, size_t r,
+                                           double median) {
   const int64_t w = ref.shape[3];
   std::vector<std::vector<double>> basis;
   auto add = [&](std::vector<double> v, double floor) {
@@ -73,9 +74,10 @@ std::vector<std::vector<double>> tie_basis(const Changes& ch, const std::string&
     basis.push_back(std::move(v));
   };
   const double floor = std::max(median, 1e-300) * norm(row_of(ref, r, w));
-  for (const auto& [n, per_t] : ch)
-    if (per_t.count(t))
-      for (const Tensor& d : per_t.at(t)) add(row_of(d, r, w), floor);
+  for (const Changes* ch : chs)
+    for (const auto& [n, per_t] : *ch)
+      if (per_t.count(t))
+        for (const Tensor& d : per_t.at(t)) add(row_of(d, r, w), floor);
   return basis;
 }
 
@@ -87,13 +89,17 @@ double residual(const std::vector<std::vector<double>>& basis, std::vector<doubl
 
 // A dithered draw on this thread while in scope (impl/attention_core.hpp LogitDither).
 struct DitherScope {
-  DitherScope(int draw, bool chain) {
+  DitherScope(int draw, bool chain, double amplitude) {
     impl::logit_dither().draw = draw;
     impl::logit_dither().chain = chain;
-    // a chain draw's stream apart from the final-logit draw of the same index
-    impl::logit_dither().rng = Rng(uint64_t(draw) + (chain ? 1001 : 1));
+    impl::logit_dither().amplitude = amplitude;
+    // a chain draw's (a wide draw's) stream apart from the final-logit draw of the same index
+    impl::logit_dither().rng = Rng(uint64_t(draw) + (chain ? 1001 : amplitude != 1 ? 2001 : 1));
   }
-  ~DitherScope() { impl::logit_dither().draw = -1, impl::logit_dither().chain = false; }
+  ~DitherScope() {
+    impl::logit_dither().draw = -1, impl::logit_dither().chain = false;
+    impl::logit_dither().amplitude = 1;
+  }
 };
 
 // Per tensor and row of out and latent_out, the row's noise level under `ch`'s draws: the RMS
@@ -138,11 +144,11 @@ double median_of(const std::vector<double>& l) {
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
                          const std::vector<std::string>& tensors, bool chain,
-                         const std::set<size_t>& many) {
+                         const std::set<size_t>& many, double amplitude) {
   Changes ch;
   for (const auto& [n, outs0] : base)
     for (int draw = 0; draw < (many.count(n) ? kManyDraws : kDraws); ++draw) {
-      DitherScope scope(draw, chain);
+      DitherScope scope(draw, chain, amplitude);
       const std::vector<Outputs> outs = rerun(n);
       for (size_t v = 0; v < outs.size() && v < outs0.size(); ++v)
         for (const std::string& t : tensors) {
@@ -157,7 +163,8 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
 }
 
 void mark_ill_rows(const Changes& ch, const Changes& widen, const TruthOf& truth,
-                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y) {
+                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y,
+                   const Changes& span) {
   // `widen`'s levels, taken before any row leaves the masks
   const std::map<std::string, std::vector<double>> wider = row_levels(widen, truth, masks);
   for (auto& [t, l] : row_levels(ch, truth, masks)) {
@@ -189,7 +196,7 @@ void mark_ill_rows(const Changes& ch, const Changes& widen, const TruthOf& truth
     for (size_t r = 0; r < l.size(); ++r) {
       if (!ill[r * size_t(w)]) continue;
       std::vector<std::vector<double>>& basis = y.ill_basis[t][r];
-      basis = tie_basis(ch, t, ref, r, median);
+      basis = tie_basis({&ch, &span}, t, ref, r, median);
       const double ny = norm(row_of(ref, r, w));
       for (const auto& [n, per_t] : ch)  // what the draws leave outside the span
         if (per_t.count(t))

@@ -24,11 +24,12 @@ using Changes = std::map<size_t, std::map<std::string, std::vector<Tensor>>>;
 // `base[n]`: design n's forward-order outputs, one per variant; `rerun(n)` runs design n again
 // (every variant, forward order) while a dithered draw is on; `chain`: each stored factor of an
 // eager design's logit dithered too (impl/attention_core.hpp LogitDither); `many`: designs that
-// take kManyDraws draws instead of kDraws (an fp8 query: logit_noise.cpp).
+// take kManyDraws draws instead of kDraws (an fp8 query: logit_noise.cpp); `amplitude`: an fp8
+// query's dither in units of its ulps (1: a rounding's own size).
 Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
                          const std::function<std::vector<Outputs>(size_t)>& rerun,
                          const std::vector<std::string>& tensors, bool chain = false,
-                         const std::set<size_t>& many = {});
+                         const std::set<size_t>& many = {}, double amplitude = 1);
 
 // Rows of out and latent_out ([B, S_q, H, w]) whose noise level under `ch`'s draws (RMS over a
 // design's draws of the row's |d| / |y|, the largest over designs) exceeds ten times the median
@@ -39,8 +40,11 @@ Changes dithered_changes(const std::map<size_t, std::vector<Outputs>>& base,
 // y.ill_allowance: `widen` finds no row and adds no direction, since its draws move a row in
 // every direction (zoo seed 105185: with them in the span, a bug's 47 % on an ill row left
 // nothing outside it, and one_sequence passed where ill_residual had failed it at 566x).
+// `span`'s draws add their directions to the ill rows' bases (an fp8 query's wide draws: where
+// its rounding moves a near tie's argmax to a token the ordinary draws never reach).
 void mark_ill_rows(const Changes& ch, const Changes& widen, const TruthOf& truth,
-                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y);
+                   std::map<std::string, std::vector<bool>>& masks, Yardstick& y,
+                   const Changes& span = {});
 
 // Whether mark_ill_rows would find an ill-conditioned row in `ch` alone.
 bool has_ill_rows(const Changes& ch, const TruthOf& truth,

@@ -69,6 +69,9 @@ double explicit_cost(const MlaConfig& c) {
 }
 constexpr double kExplicitBudget = 2.5e8;
 
+// The wide draws of an fp8 query, in units of its rounding's size (measure_yardstick).
+constexpr double kWideFp8Dither = 3;
+
 }  // namespace
 
 Design design_of(const ImplId& id, Profile p) {
@@ -482,8 +485,19 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
       if (has_ill_rows(ch, truth, masks))
         for (size_t n = 0; n < plain.size(); ++n)
           if (rounds_at(plain[n].eager, A)) eager[n] = outs[n];
-      const Changes chain = dithered_changes(eager, rerun, tensors, true);
-      mark_ill_rows(ch, chain, truth, masks, y);
+      Changes widen = dithered_changes(eager, rerun, tensors, true);
+      // an fp8 query's wide draws (three times its rounding's size): tokens within the reach of
+      // its larger roundings, as an independent kernel's (per-tensor scales, an fp8 rope key)
+      // move its near ties; their levels and directions widen its ill rows' allowances (zoo style
+      // fp8_attention, seeds 108583, 108699: large_logits rows moved outside the 32 draws' span)
+      std::map<size_t, std::vector<Outputs>> fp8_base;
+      for (size_t n : fp8_query) fp8_base[n] = outs[n];
+      const Changes wide =
+          dithered_changes(fp8_base, rerun, tensors, false, fp8_query, kWideFp8Dither);
+      for (const auto& [n, per_t] : wide)
+        for (const auto& [t, ds] : per_t)
+          widen[n][t].insert(widen[n][t].end(), ds.begin(), ds.end());
+      mark_ill_rows(ch, widen, truth, masks, y, wide);
       noise_levels(ch, truth, masks, lse_floor, y);
       if (truth("lse") && std::count(tensors.begin(), tensors.end(), "lse")) {
         std::vector<size_t> all(plain.size());

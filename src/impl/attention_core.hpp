@@ -72,6 +72,7 @@ struct RowRounding {
 struct LogitDither {
   int draw = -1;
   bool chain = false;
+  double amplitude = 1;  // an fp8 query's dither in its ulps' units (quantize_row_e4m3)
   Rng rng{1};
 };
 inline LogitDither& logit_dither() {
@@ -113,7 +114,8 @@ void quantize_row_e4m3(std::vector<Acc>& a, std::vector<Acc>& b) {
     for (std::vector<Acc>* v : {&a, &b})
       for (Acc& x : *v) {
         double e = round_to(DType::F8_E4M3, double(x) / s);
-        if (d.draw >= 0) e += ulp_in(DType::F8_E4M3, e) / std::sqrt(6.0) * d.rng.normal();
+        if (d.draw >= 0)
+          e += d.amplitude * ulp_in(DType::F8_E4M3, e) / std::sqrt(6.0) * d.rng.normal();
         x = Acc(s * e);
       }
   }
