@@ -393,6 +393,11 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
     return cf.refs.count("ref." + t) ? &cf.refs.at("ref." + t) : nullptr;
   };
   const Yardstick ys = measure_yardstick(cf.k, designs, ref, names, o.kv_chunk);
+  // An fp8 query mixes an ill row's tokens anew in each run, and the stored mixture carries the
+  // delivered format's rounding in every direction, outside any span of the draws (zoo style
+  // fp8_attention, seed 108583: 4.8x u/16 on a large_logits row): its off-span allowance is u.
+  const bool fp8_query = std::any_of(designs.begin(), designs.end(),
+                                     [](const Candidate& d) { return d.d.q == DType::F8_E4M3; });
   std::map<std::string, std::vector<bool>> judged_masks;  // each tensor's, as its statistics use
   for (const auto& [name, formats] : delivered) {
     const Tensor& x = given.at(name);
@@ -427,12 +432,6 @@ AuditResult run_audit(const CaseFile& cf, const std::string& case_path,
                                      in.floor, k, o.rule.projection_k, accumulate_dtype(c.profile));
       if (ys.ill.count(name)) {
         a.structure.push_back(ill_rows_check(ys, name, x, *in.y, masks[name], in.floor, k));
-        // An fp8 query mixes an ill row's tokens anew in each run, and the stored mixture carries
-        // the delivered format's rounding in every direction, outside any span of the draws (zoo
-        // style fp8_attention, seed 108583: 4.8x u/16 on a large_logits row): u, not u/16.
-        const bool fp8_query = std::any_of(designs.begin(), designs.end(), [](const Candidate& d) {
-          return d.d.q == DType::F8_E4M3;
-        });
         const double off_span = fp8_query ? unit_roundoff(x.dtype) : in.floor;
         a.structure.push_back(ill_residual_check(ys, name, x, *in.y, masks[name], off_span, k));
       }

@@ -466,17 +466,17 @@ Yardstick measure_yardstick(const Case& k, const std::vector<Candidate>& designs
     OrderScope scope(orders[order]);
     const std::vector<std::vector<Outputs>> outs = run_designs(k, plain);
     if (order == 0) {  // the noise levels first: their ill-conditioned rows leave the masks
+      std::set<size_t> fp8_query;
+      for (size_t n = 0; n < plain.size(); ++n)
+        if (plain[n].q == DType::F8_E4M3) fp8_query.insert(n);
       std::map<size_t, std::vector<Outputs>> dithered;
       for (size_t n = 0; n < plain.size(); ++n)
         // stored logits, an fp8 query, the folded query at kernel level (attention_core.hpp)
-        if (rounds_at(plain[n].score, A) || plain[n].q == DType::F8_E4M3 ||
+        if (rounds_at(plain[n].score, A) || fp8_query.count(n) ||
             (rounds_at(plain[n].key_fold, A) && k.cfg.level == Level::Kernel &&
              k.cfg.norm != NormMode::None))
           dithered[n] = outs[n];
       const auto rerun = [&](size_t n) { return run_designs(k, {plain[n]}).front(); };
-      std::set<size_t> fp8_query;
-      for (size_t n = 0; n < plain.size(); ++n)
-        if (plain[n].q == DType::F8_E4M3) fp8_query.insert(n);
       const Changes ch = dithered_changes(dithered, rerun, tensors, false, fp8_query);
       // an eager design's chain draws: its ill rows' allowances, not every statistic's floor
       // (impl/attention_core.hpp LogitDither); only where the final logit's draws find a near
