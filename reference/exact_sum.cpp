@@ -80,20 +80,25 @@ void ExactSum::normalize() {
 }
 
 namespace {
-// d[2i .. 2i+2] += the digits of limbs[i] * 2^s (s < 32: three digits per limb, the third below
-// 2^32), subtracted when Neg. N > 0: the number of limbs known at compile time (the loop unrolls).
-template <bool Neg, int N = 0>
-void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
+// d[0 .. 2n] += the 32-bit digits of (limbs * 2^s), s < 32, each digit negated when m == -1 (m is 0
+// or -1: (v ^ m) - m is v or -v without a branch, as signs of a dot's terms are unpredictable).
+// Shifted limb i is limbs[i] << s joined with the bits limbs[i-1] shifted out; the top digit takes
+// what limbs[n-1] shifted out (below 2^s). Every digit added is below 2^32 in magnitude. N > 0: the
+// number of limbs known at compile time (the loop unrolls).
+template <int N = 0>
+inline void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s, int64_t m) {
   constexpr uint64_t kLow = (uint64_t(1) << kDigitBits) - 1;
   if constexpr (N > 0) n = N;
+  // x >> (64 - s) for s in [0, 32) without shifting by 64: (x >> 1) >> (63 - s).
+  auto out = [s](mp_limb_t x) { return (x >> 1) >> (63 - s); };
+  mp_limb_t prev = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const unsigned __int128 v = static_cast<unsigned __int128>(limbs[i]) << s;
-    const auto lo = int64_t(uint64_t(v) & kLow), mid = int64_t(uint64_t(v) >> 32);
-    const auto hi = int64_t(uint64_t(v >> 64));
-    d[2 * i] += Neg ? -lo : lo;
-    d[2 * i + 1] += Neg ? -mid : mid;
-    d[2 * i + 2] += Neg ? -hi : hi;
+    const mp_limb_t v = (limbs[i] << s) | out(prev);
+    d[2 * i] += (int64_t(v & kLow) ^ m) - m;
+    d[2 * i + 1] += (int64_t(v >> kDigitBits) ^ m) - m;
+    prev = limbs[i];
   }
+  d[2 * n] += (int64_t(out(prev)) ^ m) - m;
 }
 
 // p[0, NA + NB) = a[0, NA) * b[0, NB): schoolbook with 128-bit partial products, for the small
@@ -101,7 +106,7 @@ void add_shifted(int64_t* d, const mp_limb_t* limbs, int64_t n, unsigned s) {
 // and size dispatch cost more than the multiplications. Each step's a_i b_j + p + carry is below
 // 2^128, so nothing overflows.
 template <int NA, int NB>
-void mul_small(mp_limb_t* p, const mp_limb_t* a, const mp_limb_t* b) {
+inline void mul_small(mp_limb_t* p, const mp_limb_t* a, const mp_limb_t* b) {
   for (int i = 0; i < NA + NB; ++i) p[i] = 0;
   for (int i = 0; i < NA; ++i) {
     mp_limb_t carry = 0;
@@ -116,18 +121,15 @@ void mul_small(mp_limb_t* p, const mp_limb_t* a, const mp_limb_t* b) {
 }  // namespace
 
 template <int N>
-void ExactSum::add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg) {
+[[gnu::always_inline]] inline void ExactSum::add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e,
+                                                       bool neg) {
   if constexpr (N > 0) n = N;
   const int64_t q = e >> 5, s = e & 31;  // e = 32 q + s, 0 <= s < 32 (arithmetic shift: floor)
   static_assert(kDigitBits == 32);
   if (digits_.empty() || q < base_ || q + 2 * n + 1 > base_ + int64_t(digits_.size()))
     if (!reserve_digits(q, q + 2 * n + 1)) return;
-  int64_t* d = digits_.data() + (q - base_);
-  if (neg)
-    add_shifted<true, N>(d, limbs, n, unsigned(s));
-  else
-    add_shifted<false, N>(d, limbs, n, unsigned(s));
-  if (++adds_ >= (int64_t(1) << 29)) normalize();  // |digit| < 2^29 * 2^33 = 2^62
+  add_shifted<N>(digits_.data() + (q - base_), limbs, n, unsigned(s), -int64_t(neg));
+  if (++adds_ >= (int64_t(1) << 29)) normalize();  // |digit| < 2^29 * 2^32 < 2^62
 }
 
 void ExactSum::add(double x) { add(x, 0); }
@@ -153,7 +155,39 @@ void ExactSum::add(mpfr_srcptr x) {
   add_limbs(significand(x), limbs_of(x), low_exponent(x), mpfr_signbit(x) != 0);
 }
 
+template <int N>
+[[gnu::always_inline]] inline void ExactSum::add_square_limbs(mpfr_srcptr a, mpfr_srcptr b) {
+  mp_limb_t p[2 * N];
+  mul_small<N, N>(p, significand(a), significand(b));
+  const int64_t e = int64_t(mpfr_get_exp(a)) + int64_t(mpfr_get_exp(b)) - 2 * N * kLimbBits;
+  add_limbs<2 * N>(p, 2 * N, e, (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
+}
+
+void ExactSum::add_dot(std::span<const Mp> a, std::span<const Mp> b) {
+  for (size_t j = 0; j < a.size(); ++j) {
+    mpfr_srcptr x = a[j].backend().data(), y = b[j].backend().data();
+    if (mpfr_regular_p(x) && mpfr_regular_p(y) && mpfr_get_prec(x) == mpfr_get_prec(y)) {
+      const mpfr_prec_t prec = mpfr_get_prec(x);
+      if (prec > kLimbBits && prec <= 2 * kLimbBits) {
+        add_square_limbs<2>(x, y);
+        continue;
+      }
+      if (prec > 2 * kLimbBits && prec <= 3 * kLimbBits) {
+        add_square_limbs<3>(x, y);
+        continue;
+      }
+    }
+    add_product(x, y);
+  }
+}
+
 void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) {
+  if (mpfr_regular_p(a) && mpfr_regular_p(b) && mpfr_get_prec(a) == mpfr_get_prec(b)) {
+    // The reference's own precisions, P (2 limbs) and its check (3), first.
+    const mpfr_prec_t prec = mpfr_get_prec(a);
+    if (prec > kLimbBits && prec <= 2 * kLimbBits) return add_square_limbs<2>(a, b);
+    if (prec > 2 * kLimbBits && prec <= 3 * kLimbBits) return add_square_limbs<3>(a, b);
+  }
   if (!mpfr_regular_p(a) || !mpfr_regular_p(b)) {
     if (!mpfr_number_p(a) || !mpfr_number_p(b))
       special_ += mpfr_get_d(a, MPFR_RNDN) * mpfr_get_d(b, MPFR_RNDN);
@@ -161,21 +195,11 @@ void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) {
   }
   if (limbs_of(a) < limbs_of(b)) std::swap(a, b);  // mpn_mul wants the longer operand first
   const int64_t na = limbs_of(a), nb = limbs_of(b);
-  const int64_t e = low_exponent(a) + low_exponent(b);
-  const bool neg = (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0);
-  mp_limb_t small[6];
-  if (na == 2 && nb == 2) {
-    mul_small<2, 2>(small, significand(a), significand(b));
-    return add_limbs<4>(small, 4, e, neg);
-  }
-  if (na == 3 && nb == 3) {
-    mul_small<3, 3>(small, significand(a), significand(b));
-    return add_limbs<6>(small, 6, e, neg);
-  }
   std::vector<mp_limb_t>& p = tl_product;
   p.resize(size_t(na + nb));
   mpn_mul(p.data(), significand(a), na, significand(b), nb);
-  add_limbs(p.data(), na + nb, e, neg);
+  add_limbs(p.data(), na + nb, low_exponent(a) + low_exponent(b),
+            (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
 }
 
 void ExactSum::add_product(mpfr_srcptr a, double x) {

@@ -11,7 +11,10 @@
 #include <mpfr.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "reference/mp.hpp"
 
 namespace qkmla::ref {
 
@@ -21,8 +24,9 @@ class ExactSum {
   void add(double d);
   void add(double d, int64_t scale2);  // += d * 2^scale2, exactly
   void add(mpfr_srcptr x);
-  void add_product(mpfr_srcptr a, mpfr_srcptr b);  // += a * b, exactly
-  void add_product(mpfr_srcptr a, double d);       // += a * d, exactly
+  void add_product(mpfr_srcptr a, mpfr_srcptr b);              // += a * b, exactly
+  void add_product(mpfr_srcptr a, double d);                   // += a * d, exactly
+  void add_dot(std::span<const Mp> a, std::span<const Mp> b);  // += sum_j a_j b_j (a, b one size)
   // out = the exact sum rounded once to nearest (even) at out's precision; 0 when empty.
   void round(mpfr_ptr out) const;
   // Whether anything was dropped: the window keeps 2^15 bits below the largest term's top digit,
@@ -36,6 +40,9 @@ class ExactSum {
   // compile time.
   template <int N = 0>
   void add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg);
+  // += a * b for regular a, b of one precision in N limbs.
+  template <int N>
+  void add_square_limbs(mpfr_srcptr a, mpfr_srcptr b);
   // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
   bool reserve_digits(int64_t lo, int64_t hi);
   void normalize();

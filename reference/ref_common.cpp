@@ -21,8 +21,8 @@ ExactSum& scratch_sum() {  // one per thread, cleared by each user
 Mp sum_squares(const MpVec& z, int from, int n) {  // exact, rounded once (X.6)
   if (n < 0) n = int(z.size()) - from;
   ExactSum& acc = scratch_sum();
-  for (int j = from; j < from + n; ++j)
-    acc.add_product(z[size_t(j)].backend().data(), z[size_t(j)].backend().data());
+  const std::span<const Mp> part(z.data() + from, size_t(n));
+  acc.add_dot(part, part);
   Mp out;
   acc.round(out.backend().data());
   return out;
@@ -52,8 +52,7 @@ void rotate(MpVec& z, const Case& k, int64_t p) {
 
 Mp dot(const MpVec& a, const MpVec& b) {  // exact, rounded once (X.6)
   ExactSum& acc = scratch_sum();
-  for (size_t j = 0; j < a.size(); ++j)
-    acc.add_product(a[j].backend().data(), b[j].backend().data());
+  acc.add_dot(a, b);
   Mp out;
   acc.round(out.backend().data());
   return out;
