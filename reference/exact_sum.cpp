@@ -156,38 +156,37 @@ void ExactSum::add(mpfr_srcptr x) {
 }
 
 template <int N>
-[[gnu::always_inline]] inline void ExactSum::add_square_limbs(mpfr_srcptr a, mpfr_srcptr b) {
+[[gnu::always_inline]] inline void ExactSum::add_product_limbs(mpfr_srcptr a, mpfr_srcptr b) {
   mp_limb_t p[2 * N];
   mul_small<N, N>(p, significand(a), significand(b));
   const int64_t e = int64_t(mpfr_get_exp(a)) + int64_t(mpfr_get_exp(b)) - 2 * N * kLimbBits;
   add_limbs<2 * N>(p, 2 * N, e, (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
 }
 
-void ExactSum::add_dot(std::span<const Mp> a, std::span<const Mp> b) {
-  for (size_t j = 0; j < a.size(); ++j) {
-    mpfr_srcptr x = a[j].backend().data(), y = b[j].backend().data();
-    if (mpfr_regular_p(x) && mpfr_regular_p(y) && mpfr_get_prec(x) == mpfr_get_prec(y)) {
-      const mpfr_prec_t prec = mpfr_get_prec(x);
-      if (prec > kLimbBits && prec <= 2 * kLimbBits) {
-        add_square_limbs<2>(x, y);
-        continue;
-      }
-      if (prec > 2 * kLimbBits && prec <= 3 * kLimbBits) {
-        add_square_limbs<3>(x, y);
-        continue;
-      }
-    }
-    add_product(x, y);
+// The reference's own precisions, P (2 limbs) and its check (3), inline; the rest by
+// add_product_general.
+[[gnu::always_inline]] inline void ExactSum::add_product_inline(mpfr_srcptr x, mpfr_srcptr y) {
+  if (mpfr_regular_p(x) && mpfr_regular_p(y) && mpfr_get_prec(x) == mpfr_get_prec(y)) {
+    const mpfr_prec_t prec = mpfr_get_prec(x);
+    if (prec > kLimbBits && prec <= 2 * kLimbBits) return add_product_limbs<2>(x, y);
+    if (prec > 2 * kLimbBits && prec <= 3 * kLimbBits) return add_product_limbs<3>(x, y);
   }
+  add_product_general(x, y);
 }
 
-void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) {
-  if (mpfr_regular_p(a) && mpfr_regular_p(b) && mpfr_get_prec(a) == mpfr_get_prec(b)) {
-    // The reference's own precisions, P (2 limbs) and its check (3), first.
-    const mpfr_prec_t prec = mpfr_get_prec(a);
-    if (prec > kLimbBits && prec <= 2 * kLimbBits) return add_square_limbs<2>(a, b);
-    if (prec > 2 * kLimbBits && prec <= 3 * kLimbBits) return add_square_limbs<3>(a, b);
-  }
+void ExactSum::add_dot(std::span<const Mp> a, std::span<const Mp> b) {
+  for (size_t j = 0; j < a.size(); ++j)
+    add_product_inline(a[j].backend().data(), b[j].backend().data());
+}
+
+void ExactSum::add_scaled(std::span<ExactSum> sums, const Mp& a, std::span<const Mp> b) {
+  for (size_t j = 0; j < b.size(); ++j)
+    sums[j].add_product_inline(a.backend().data(), b[j].backend().data());
+}
+
+void ExactSum::add_product(mpfr_srcptr a, mpfr_srcptr b) { add_product_inline(a, b); }
+
+void ExactSum::add_product_general(mpfr_srcptr a, mpfr_srcptr b) {
   if (!mpfr_regular_p(a) || !mpfr_regular_p(b)) {
     if (!mpfr_number_p(a) || !mpfr_number_p(b))
       special_ += mpfr_get_d(a, MPFR_RNDN) * mpfr_get_d(b, MPFR_RNDN);

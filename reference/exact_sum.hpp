@@ -27,6 +27,8 @@ class ExactSum {
   void add_product(mpfr_srcptr a, mpfr_srcptr b);              // += a * b, exactly
   void add_product(mpfr_srcptr a, double d);                   // += a * d, exactly
   void add_dot(std::span<const Mp> a, std::span<const Mp> b);  // += sum_j a_j b_j (a, b one size)
+  // sums[j] += a * b_j for every j (sums at least as long as b).
+  static void add_scaled(std::span<ExactSum> sums, const Mp& a, std::span<const Mp> b);
   // out = the exact sum rounded once to nearest (even) at out's precision; 0 when empty.
   void round(mpfr_ptr out) const;
   // Whether anything was dropped: the window keeps 2^15 bits below the largest term's top digit,
@@ -40,9 +42,11 @@ class ExactSum {
   // compile time.
   template <int N = 0>
   void add_limbs(const mp_limb_t* limbs, int64_t n, int64_t e, bool neg);
+  void add_product_inline(mpfr_srcptr x, mpfr_srcptr y);
+  void add_product_general(mpfr_srcptr x, mpfr_srcptr y);  // any precisions, zero, non-finite
   // += a * b for regular a, b of one precision in N limbs.
   template <int N>
-  void add_square_limbs(mpfr_srcptr a, mpfr_srcptr b);
+  void add_product_limbs(mpfr_srcptr a, mpfr_srcptr b);
   // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
   bool reserve_digits(int64_t lo, int64_t hi);
   void normalize();

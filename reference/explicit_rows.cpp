@@ -198,8 +198,7 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
           Mp& px = latent_ ? p[x][size_t(t - s0)] : pt;  // 0 where not visible
           logits_[x].get(seen_[x]++, logit);
           px = exp(logit - lse_[x]);
-          for (int j = 0; j < c_.d_v; ++j)
-            out_[x][size_t(j)].add_product(px.backend().data(), v[size_t(j)].backend().data());
+          ExactSum::add_scaled(out_[x], px, v);
         }
       }
     }

@@ -1,4 +1,4 @@
-// reference.exact_sum.add_dot_*: the dot loop's 2- and 3-limb path gives the bits of the
+// reference.exact_sum.add_dot_*, add_scaled_*: the loops' 2- and 3-limb path gives the bits of the
 // term-by-term sum (add_product, itself checked against MPFR in test_reference_exact_sum.cpp).
 #include <doctest/doctest.h>
 #include <mpfr.h>
@@ -51,6 +51,33 @@ TEST_CASE("reference.exact_sum.add_dot_is_the_term_by_term_sum") {
       ref::Mp x, y;
       dot.round(x.backend().data());
       terms.round(y.backend().data());
+      CHECK(x == y);
+    }
+  }
+}
+
+TEST_CASE("reference.exact_sum.add_scaled_is_the_term_by_term_sum") {
+  const uint64_t seed = test::seed(73);
+  CAPTURE(seed);
+  Rng rng(seed);
+  for (int bits : {114, 178, 300}) {
+    CAPTURE(bits);
+    const ref::PrecisionScope scope(bits);
+    ref::MpVec b(37);
+    std::vector<ref::ExactSum> scaled(b.size()), terms(b.size());
+    for (int step = 0; step < 20; ++step) {  // sums[j] += a * b_j, twenty a's
+      ref::Mp a;
+      draw(rng, a.backend().data(), 30);
+      if (step == 7) a = 0;
+      for (size_t j = 0; j < b.size(); ++j) draw(rng, b[j].backend().data(), 30);
+      ref::ExactSum::add_scaled(scaled, a, b);
+      for (size_t j = 0; j < b.size(); ++j)
+        terms[j].add_product(a.backend().data(), b[j].backend().data());
+    }
+    for (size_t j = 0; j < b.size(); ++j) {
+      ref::Mp x, y;
+      scaled[j].round(x.backend().data());
+      terms[j].round(y.backend().data());
       CHECK(x == y);
     }
   }
