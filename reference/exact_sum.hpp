@@ -1,9 +1,9 @@
 // X.6: sums of products held exactly, rounded once (proofs/reference.md, step X.6).
 //
 // A fixed-point accumulator over 32-bit digits kept in int64 slots: a term's integer significand
-// (MPFR limbs, a double's 53 bits, or their product by mpn_mul) is shifted onto the digit grid and
-// added digit by digit, so every addition is exact and carries are deferred (each slot takes 2^29
-// additions of less than 2^33 before it is normalized). The window of digits grows to the terms'
+// (MPFR limbs, a double's 53 bits, or their product) is shifted onto the digit grid and added
+// digit by digit, so every addition is exact and carries are deferred (each slot takes 2^29
+// additions of less than 2^32 before it is normalized). The window of digits grows to the terms'
 // span, up to 2^15 bits (8 KB): see dropped(). round() is the one rounding: the exact value,
 // carried out, into MPFR by mpfr_set_z_2exp (correctly rounded, to nearest). Non-finite terms make
 // the sum non-finite as double arithmetic would (inf + -inf = NaN).
