@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace qkmla::ref {
 
@@ -34,6 +35,16 @@ void carry(std::vector<int64_t>& d) {
     d[i] -= c * (int64_t(1) << kDigitBits);
     d[i + 1] += c;
   }
+}
+
+// A finite double as m 2^e with m an integer below 2^53 (zero: m = 0).
+void integer_parts(double x, uint64_t& m, int64_t& e) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  const auto biased = int64_t((bits >> 52) & 0x7ff);
+  m = bits & ((uint64_t(1) << 52) - 1);
+  if (biased != 0) m |= uint64_t(1) << 52;
+  e = (biased != 0 ? biased : 1) - 1075;
 }
 
 }  // namespace
@@ -207,13 +218,13 @@ void ExactSum::add_product(mpfr_srcptr a, double x) {
     return;
   }
   if (mpfr_zero_p(a) || x == 0) return;
-  int e = 0;
-  const double m = std::frexp(std::fabs(x), &e);
-  const auto limb = mp_limb_t(std::ldexp(m, 53));
+  uint64_t limb = 0;
+  int64_t e = 0;
+  integer_parts(x, limb, e);
   const int64_t na = limbs_of(a);
-  const int64_t low = low_exponent(a) + int64_t(e) - 53;
+  const int64_t low = low_exponent(a) + e;
   const bool neg = (mpfr_signbit(a) != 0) != (x < 0);
-  mp_limb_t small[4];
+  mp_limb_t small[5];
   if (na == 2) {
     mul_small<2, 1>(small, significand(a), &limb);
     return add_limbs<3>(small, 3, low, neg);
@@ -222,10 +233,112 @@ void ExactSum::add_product(mpfr_srcptr a, double x) {
     mul_small<3, 1>(small, significand(a), &limb);
     return add_limbs<4>(small, 4, low, neg);
   }
+  if (na == 4) {  // the check's query times a 53-bit gain
+    mul_small<4, 1>(small, significand(a), &limb);
+    return add_limbs<5>(small, 5, low, neg);
+  }
   std::vector<mp_limb_t>& p = tl_product;
   p.resize(size_t(na + 1));
   p[size_t(na)] = mpn_mul_1(p.data(), significand(a), na, limb);
   add_limbs(p.data(), na + 1, low, neg);
+}
+
+void ExactSum::add_product(double x, double y, int64_t scale2) {
+  if (!std::isfinite(x) || !std::isfinite(y)) {
+    special_ += std::ldexp(x * y, int(scale2));
+    return;
+  }
+  if (x == 0 || y == 0) return;
+  uint64_t mx = 0, my = 0;
+  int64_t ex = 0, ey = 0;
+  integer_parts(x, mx, ex);
+  integer_parts(y, my, ey);
+  const unsigned __int128 p = static_cast<unsigned __int128>(mx) * my;  // below 2^106
+  const mp_limb_t limbs[2] = {mp_limb_t(p), mp_limb_t(p >> 64)};
+  add_limbs<2>(limbs, 2, ex + ey + scale2, (x < 0) != (y < 0));
+}
+
+void ExactSum::add_square(std::span<const double> terms) {
+  for (size_t a = 0; a < terms.size(); ++a) {
+    if (terms[a] == 0) continue;
+    add_product(terms[a], terms[a]);
+    for (size_t b = a + 1; b < terms.size(); ++b)
+      if (terms[b] != 0) add_product(terms[a], terms[b], 1);  // the two cross terms at once
+  }
+}
+
+template <int N>
+[[gnu::always_inline]] inline void ExactSum::add_times_terms(mpfr_srcptr a,
+                                                             std::span<const double> terms) {
+  if constexpr (N == 0) {
+    for (double d : terms)
+      if (d != 0) add_product(a, d);
+  } else {
+    const mp_limb_t* sig = significand(a);
+    const int64_t low = low_exponent(a);
+    const bool neg = mpfr_signbit(a) != 0;
+    for (double d : terms) {
+      if (d == 0) continue;
+      if (!std::isfinite(d)) {
+        add_product(a, d);
+        continue;
+      }
+      uint64_t m = 0;
+      int64_t e = 0;
+      integer_parts(d, m, e);
+      mp_limb_t p[N + 1];
+      mul_small<N, 1>(p, sig, &m);
+      add_limbs<N + 1>(p, N + 1, low + e, neg != (d < 0));
+    }
+  }
+}
+
+namespace {
+// The limbs of a regular value of 2-4 limbs (the reference's P, P + gain bits, the check), else 0:
+// the general path.
+int inline_limbs(mpfr_srcptr a) {
+  if (!mpfr_regular_p(a)) return 0;
+  const int64_t n = limbs_of(a);
+  return n >= 2 && n <= 4 ? int(n) : 0;
+}
+}  // namespace
+
+void ExactSum::add_dot(std::span<const Mp> a, std::span<const std::span<const double>> b) {
+  for (size_t j = 0; j < a.size(); ++j) {
+    mpfr_srcptr x = a[j].backend().data();
+    switch (inline_limbs(x)) {
+      case 2:
+        add_times_terms<2>(x, b[j]);
+        break;
+      case 3:
+        add_times_terms<3>(x, b[j]);
+        break;
+      case 4:
+        add_times_terms<4>(x, b[j]);
+        break;
+      default:
+        add_times_terms<0>(x, b[j]);
+    }
+  }
+}
+
+void ExactSum::add_scaled(std::span<ExactSum> sums, const Mp& a,
+                          std::span<const std::span<const double>> b) {
+  mpfr_srcptr x = a.backend().data();
+  const int n = inline_limbs(x);
+  for (size_t j = 0; j < b.size(); ++j) switch (n) {
+      case 2:
+        sums[j].add_times_terms<2>(x, b[j]);
+        break;
+      case 3:
+        sums[j].add_times_terms<3>(x, b[j]);
+        break;
+      case 4:
+        sums[j].add_times_terms<4>(x, b[j]);
+        break;
+      default:
+        sums[j].add_times_terms<0>(x, b[j]);
+    }
 }
 
 void ExactSum::round(mpfr_ptr out) const {

@@ -24,8 +24,16 @@ class ExactSum {
   void add(double d);
   void add(double d, int64_t scale2);  // += d * 2^scale2, exactly
   void add(mpfr_srcptr x);
-  void add_product(mpfr_srcptr a, mpfr_srcptr b);              // += a * b, exactly
-  void add_product(mpfr_srcptr a, double d);                   // += a * d, exactly
+  void add_product(mpfr_srcptr a, mpfr_srcptr b);            // += a * b, exactly
+  void add_product(mpfr_srcptr a, double d);                 // += a * d, exactly
+  void add_product(double x, double y, int64_t scale2 = 0);  // += x * y * 2^scale2, exactly
+  // X.7, values times exact products' expansions (each b_j the terms of one entry, their sum
+  // exact): += (sum of the terms)^2; += sum_j a_j (sum of b_j's terms).
+  void add_square(std::span<const double> terms);
+  void add_dot(std::span<const Mp> a, std::span<const std::span<const double>> b);
+  // sums[j] += a * (sum of b_j's terms) for every j (sums at least as long as b).
+  static void add_scaled(std::span<ExactSum> sums, const Mp& a,
+                         std::span<const std::span<const double>> b);
   void add_dot(std::span<const Mp> a, std::span<const Mp> b);  // += sum_j a_j b_j (a, b one size)
   // sums[j] += a * b_j for every j (sums at least as long as b).
   static void add_scaled(std::span<ExactSum> sums, const Mp& a, std::span<const Mp> b);
@@ -47,6 +55,9 @@ class ExactSum {
   // += a * b for regular a, b of one precision in N limbs.
   template <int N>
   void add_product_limbs(mpfr_srcptr a, mpfr_srcptr b);
+  // += a * (sum of the terms) with a's significand in N limbs (N = 0: any a, by add_product).
+  template <int N>
+  void add_times_terms(mpfr_srcptr a, std::span<const double> terms);
   // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
   bool reserve_digits(int64_t lo, int64_t hi);
   void normalize();

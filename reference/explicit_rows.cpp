@@ -1,6 +1,8 @@
 #include "reference/explicit_rows.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <limits>
 
 #include "core/attention_math.hpp"
@@ -57,6 +59,20 @@ constexpr int64_t kChunk = 64;
 // Tokens whose p enter latent_out's exact products (X.4) together: 256, as A.5 takes them.
 constexpr int64_t kLatentBlock = 256;
 
+// Significant bits of a finite double (53 for non-finite ones: the caller's bound then holds).
+int significant_bits(double d) {
+  if (d == 0 || !std::isfinite(d)) return d == 0 ? 1 : 53;
+  int e = 0;
+  auto m = uint64_t(std::ldexp(std::fabs(std::frexp(d, &e)), 53));  // 53-bit integer significand
+  return 53 - std::countr_zero(m);
+}
+
+ExactSum& scratch_sum() {  // one per thread, cleared by each user
+  thread_local ExactSum acc;
+  acc.clear();
+  return acc;
+}
+
 }  // namespace
 
 ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows,
@@ -90,12 +106,27 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
   out_.assign(n, std::vector<ExactSum>(size_t(c_.d_v)));
   lat_.assign(latent_ ? n * size_t(c_.latent_rank) : 0, ExactSum());
   seen_.assign(n, 0);
-  if (c_.norm != NormMode::None) {  // multiplying by an exact Mp rounds as mpfr_mul_d does
-    const bool uni = c_.norm == NormMode::Unified;
-    const Tensor& gc = k.get(uni ? "gamma_k" : "gamma_ck");
-    const Tensor& gr = k.get(uni ? "gamma_k" : "gamma_rk");
-    gain_c_ = to_mp(gc.data.data(), c_.d_c);
-    gain_r_ = to_mp(gr.data.data() + (uni ? c_.d_c : 0), c_.d_r);
+  key_.resize(size_t(c_.d_c));
+  value_.resize(size_t(c_.d_v));
+  qg_.resize(n);
+  if (c_.norm == NormMode::None) {  // plain MLA: the raw key, no gain
+    for (size_t x = 0; x < n; ++x) qg_[x] = rows_[size_t(ids_[x])].qc;
+    return;
+  }
+  const bool uni = c_.norm == NormMode::Unified;
+  const Tensor& gr = k.get(uni ? "gamma_k" : "gamma_rk");
+  gain_r_ = to_mp(gr.data.data() + (uni ? c_.d_c : 0), c_.d_r);        // exact Mp: rounds as mul_d
+  const double* gc = k.get(uni ? "gamma_k" : "gamma_ck").data.data();  // [d_c]
+  int gain_bits = 1;  // the gains' widest significand: qc^_j * gamma_j fits prec + gain_bits
+  for (int j = 0; j < c_.d_c; ++j) gain_bits = std::max(gain_bits, significant_bits(gc[j]));
+  for (size_t x = 0; x < n; ++x) {
+    const MpVec& qc = rows_[size_t(ids_[x])].qc;
+    qg_[x].resize(qc.size());
+    for (size_t j = 0; j < qc.size(); ++j) {
+      mpfr_ptr y = qg_[x][j].backend().data();
+      mpfr_set_prec(y, mpfr_get_prec(qc[j].backend().data()) + gain_bits);
+      mpfr_mul_d(y, qc[j].backend().data(), gc[j], MPFR_RNDN);  // exact at that precision
+    }
   }
 }
 
@@ -115,6 +146,9 @@ void ExplicitRows::token_rope(int64_t t, size_t slot) {
   if (c_.norm == NormMode::Unified) {  // U.1: the rope part the norm sees (rotated: rope_then_norm)
     if (!ntr) rotate(z, k_, t);
     rope_ss_[slot] = sum_squares(z);
+    // the gained part, rotated in norm_then_rope; its 1/S scales the whole logit (group_key)
+    scale_gain(z, 0, c_.d_r, gain_r_, 0, Mp(1));
+    if (ntr) rotate(z, k_, t);
     return;
   }
   if (c_.norm == NormMode::None) {
@@ -128,28 +162,34 @@ void ExplicitRows::token_rope(int64_t t, size_t slot) {
     if (visible(x, t)) rope_dot_[x][slot] = dot(rows_[size_t(ids_[x])].qr, z);
 }
 
-// E.1-E.5 for group g on token t: its key (from the exact product, rounded once), alpha_k, and
-// the logits of the group's visible rows.
-void ExplicitRows::group_key(int g, int64_t t, size_t slot, MpVec& kc, MpVec& kr) {
-  for (int j = 0; j < c_.d_c; ++j)  // E.1: k0c[t, g] = c[t] . WK_g, exact then rounded once
-    set_expansion(kc[size_t(j)], k0c_.entry(t, g * c_.d_c + j));
+// E.1-E.5 for group g on token t. The key k0c[t, g] stays exact (X.7): its sum of squares is
+// exact, rounded once into E.2's statistic, and each visible row's content term is the exact sum
+// sum_j (qc^_j gamma_j) k0c_j rounded once, times 1/S (E.3's gain and statistic applied to the
+// dot instead of to each key value: the same value in exact arithmetic, E.5). Unified: the rope
+// part qr^ . Rot(gamma_r ⊙ z) joins the same exact sum, since 1/S scales both parts (U.1).
+void ExplicitRows::group_key(int g, int64_t t, size_t slot) {
+  for (int j = 0; j < c_.d_c; ++j) key_[size_t(j)] = k0c_.entry(t, g * c_.d_c + j);
   Mp alpha_k = 1;  // plain MLA: the raw key
-  if (c_.norm == NormMode::Blockwise) {
-    alpha_k = inv_rms(sum_squares(kc), c_.d_c, eps_);  // E.2
-    scale_gain(kc, 0, c_.d_c, gain_c_, 0, alpha_k);    // E.3
-  } else if (c_.norm == NormMode::Unified) {
-    alpha_k = inv_rms(sum_squares(kc) + rope_ss_[slot], c_.d_c + c_.d_r, eps_);  // U.1
-    scale_gain(kc, 0, c_.d_c, gain_c_, 0, alpha_k);
-    kr = rope_[slot];
-    scale_gain(kr, 0, c_.d_r, gain_r_, 0, alpha_k);
-    if (c_.rope_order == RopeOrder::NormThenRope) rotate(kr, k_, t);
+  if (c_.norm != NormMode::None) {
+    ExactSum& ss = scratch_sum();
+    for (const auto& e : key_) ss.add_square(e);
+    Mp sum_sq;
+    ss.round(sum_sq.backend().data());
+    alpha_k = c_.norm == NormMode::Blockwise
+                  ? inv_rms(sum_sq, c_.d_c, eps_)                             // E.2
+                  : inv_rms(sum_sq + rope_ss_[slot], c_.d_c + c_.d_r, eps_);  // U.1
   }
   if (owned_[size_t(g)]) store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
+  const bool uni = c_.norm == NormMode::Unified;
+  Mp content;
   for (size_t x : by_group_[size_t(g)]) {
     if (!visible(x, t)) continue;
-    const QueryRow& q = rows_[size_t(ids_[x])];
-    const Mp rope = c_.norm == NormMode::Unified ? dot(q.qr, kr) : rope_dot_[x][slot];
-    logits_[x].push_back(plain_logit(scale_, dot(q.qc, kc), rope));  // E.5
+    ExactSum& acc = scratch_sum();
+    acc.add_dot(qg_[x], key_);
+    if (uni) acc.add_dot(rows_[size_t(ids_[x])].qr, rope_[slot]);
+    acc.round(content.backend().data());
+    if (c_.norm != NormMode::None) content *= alpha_k;
+    logits_[x].push_back(plain_logit(scale_, content, uni ? Mp(0) : rope_dot_[x][slot]));  // E.5
   }
 }
 
@@ -158,13 +198,12 @@ void ExplicitRows::keys(int64_t t0, int64_t t1) {
   rope_.assign(chunk, MpVec(size_t(c_.d_r)));
   rope_ss_.resize(chunk);
   rope_dot_.assign(ids_.size(), MpVec(chunk));
-  MpVec kc(size_t(c_.d_c)), kr(size_t(c_.d_r));  // [d_c], [d_r]: one group's key at a time
   for (int64_t c0 = t0; c0 < t1; c0 += kChunk) {
     const int64_t c1 = std::min(t1, c0 + kChunk);
     for (int64_t t = c0; t < c1; ++t) token_rope(t, size_t(t - c0));
     for (int g = 0; g < c_.groups; ++g)
       if (needed_[size_t(g)])
-        for (int64_t t = c0; t < c1; ++t) group_key(g, t, size_t(t - c0), kc, kr);
+        for (int64_t t = c0; t < c1; ++t) group_key(g, t, size_t(t - c0));
   }
 }
 
@@ -184,7 +223,6 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
   const int64_t r = c_.latent_rank;
   std::vector<double> held;  // c of the block, [nb, r]
   Mp logit;
-  MpVec v(size_t(c_.d_v));  // v[t, g] [d_v]
   for (int64_t s0 = t0; s0 < t1; s0 += kLatentBlock) {
     const int64_t s1 = std::min(t1, s0 + kLatentBlock);
     std::vector<MpVec> p(latent_ ? ids_.size() : 0, MpVec(size_t(s1 - s0)));  // [rows][nb]: p_t
@@ -192,13 +230,13 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
     for (int g = 0; g < c_.groups; ++g) {
       if (!needed_[size_t(g)]) continue;
       for (int64_t t = s0; t < s1; ++t) {
-        for (int j = 0; j < c_.d_v; ++j) set_expansion(v[size_t(j)], v_.entry(t, g * c_.d_v + j));
+        for (int j = 0; j < c_.d_v; ++j) value_[size_t(j)] = v_.entry(t, g * c_.d_v + j);
         for (size_t x : by_group_[size_t(g)]) {
           if (!visible(x, t)) continue;
           Mp& px = latent_ ? p[x][size_t(t - s0)] : pt;  // 0 where not visible
           logits_[x].get(seen_[x]++, logit);
           px = exp(logit - lse_[x]);
-          ExactSum::add_scaled(out_[x], px, v);
+          ExactSum::add_scaled(out_[x], px, value_);  // p times the exact v[t, g], exactly (X.7)
         }
       }
     }

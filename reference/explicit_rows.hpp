@@ -3,6 +3,7 @@
 // and the check run can take turns on each block of exact products (ref_explicit_pair, S.4).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/case.hpp"
@@ -39,7 +40,7 @@ class ExplicitRows {
  private:
   bool visible(size_t x, int64_t t) const;  // share row x sees token t
   void token_rope(int64_t t, size_t slot);
-  void group_key(int g, int64_t t, size_t slot, MpVec& kc, MpVec& kr);
+  void group_key(int g, int64_t t, size_t slot);
 
   const Case& k_;
   const MlaConfig& c_;
@@ -58,12 +59,19 @@ class ExplicitRows {
   std::vector<std::vector<ExactSum>> out_;  // [rows][d_v]: E.7's sums, exact (X.6)
   std::vector<ExactSum> lat_;               // [rows * r] (latent_out only)
   std::vector<size_t> seen_;                // [rows]: logits read back by values()
-  MpVec gain_c_, gain_r_;                   // the key gains (exact): content [d_c], rope [d_r]
+  MpVec gain_r_;                            // the rope key gain (exact) [d_r]
+  // [rows][d_c]: qc^ ⊙ gamma_k, exact (E.5: the content key's gain moved onto the query, the
+  // key's own values never rounded); plain MLA: qc^ itself.
+  std::vector<MpVec> qg_;
   // keys(): per token of the chunk in hand, the rope part of its key [chunk][d_r] (unified: the
-  // part the norm sees) and its sum of squares [chunk]; each row's rope logit term [rows][chunk]
+  // gained and rotated rope part without 1/S, U.1) and (unified) the raw part's sum of squares
+  // [chunk]; each row's rope logit term [rows][chunk] (blockwise, none)
   std::vector<MpVec> rope_;
   MpVec rope_ss_;
   std::vector<MpVec> rope_dot_;
+  // The exact key k0c[t, g] [d_c] and value v[t, g] [d_v] in hand, as expansions (X.7). The
+  // cursor holds a token's block until it moves to another token, so they stay valid for it.
+  std::vector<std::span<const double>> key_, value_;
 };
 
 }  // namespace qkmla::ref

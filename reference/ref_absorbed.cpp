@@ -119,10 +119,9 @@ Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) 
   return out;
 }
 
-// A.3 (U.1): the cached rope part of token t and its alpha_k per group. `key` [d_c]: scratch for
-// the transient keys (kept by the caller, so that its values are not allocated per group).
+// A.3 (U.1): the cached rope part of token t and its alpha_k per group.
 void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
-               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k, MpVec& key) {
+               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k) {
   const MlaConfig& c = x.k.cfg;
   const Tensor& kpe = x.k.get("k_pe");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
@@ -140,11 +139,16 @@ void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
   }
   if (unified && !ntr) rotate(rope, x.k, t);
   const Mp rope_sq = sum_squares(rope);  // raw, or rotated (unified rope_then_norm)
+  ExactSum key_ss;
   for (int g = 0; g < c.groups; ++g) {
-    key.resize(size_t(c.d_c));  // the transient key c[t] . WK_g, discarded after its statistic
-    for (int j = 0; j < c.d_c; ++j) set_expansion(key[size_t(j)], k0c.entry(t, g * c.d_c + j));
-    Mp ss = x.v == Variant::GramAlphaK ? gram_sum_squares(x.k, gram[size_t(g)], b, t)
-                                       : sum_squares(key);
+    Mp ss;
+    if (x.v == Variant::GramAlphaK) {
+      ss = gram_sum_squares(x.k, gram[size_t(g)], b, t);
+    } else {  // the transient key c[t] . WK_g, exact: its squares summed exactly (X.7), as E.2
+      key_ss.clear();
+      for (int j = 0; j < c.d_c; ++j) key_ss.add_square(k0c.entry(t, g * c.d_c + j));
+      key_ss.round(ss.backend().data());
+    }
     int n = c.d_c;
     if (x.p.key_stat_from_latent) {
       const Tensor& kv = x.k.latent();
@@ -209,9 +213,8 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
     // A.3, token by token on the core's threads, each chunk of tokens with its own cursor.
     const CacheRows cache = [&](int64_t t0) -> CacheRow {
       auto k0c = std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
-      auto key = std::make_shared<MpVec>();  // [d_c]
-      return [&, b, k0c, key](int64_t t, MpVec& rope, MpVec& ak) {
-        cache_row(x, *k0c, b, t, gram, rope, ak, *key);
+      return [&, b, k0c](int64_t t, MpVec& rope, MpVec& ak) {
+        cache_row(x, *k0c, b, t, gram, rope, ak);
         for (int g = 0; g < c.groups; ++g)
           store(o, "alpha_k", o.tensors.at("alpha_k").index({b, t, g}), ak[size_t(g)]);
       };
