@@ -179,7 +179,10 @@ void ExplicitRows::group_key(int g, int64_t t, size_t slot) {
                   ? inv_rms(sum_sq, c_.d_c, eps_)                             // E.2
                   : inv_rms(sum_sq + rope_ss_[slot], c_.d_c + c_.d_r, eps_);  // U.1
   }
-  if (owned_[size_t(g)]) store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
+  if (owned_[size_t(g)]) {
+    store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
+    if (keep_) keep_->set(size_t(t * c_.groups + g), alpha_k);
+  }
   const bool uni = c_.norm == NormMode::Unified;
   Mp content;
   for (size_t x : by_group_[size_t(g)]) {

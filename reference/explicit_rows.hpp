@@ -14,6 +14,10 @@
 
 namespace qkmla::ref {
 
+struct AlphaKByToken {
+  std::vector<PackedMpVec> per_sequence;  // [B][T_b * G], t * G + g
+};
+
 struct QueryRow {
   MpVec qc, qr;  // qc^ [d_c], qr^ [d_r]
   Mp alpha_q;    // 1 / S^q
@@ -36,6 +40,7 @@ class ExplicitRows {
   void softmax();                       // E.6: lse of every row (after every keys() call)
   void values(int64_t t0, int64_t t1);  // E.7 on tokens [t0, t1), blocks in token order
   void finish();                        // stores out and latent_out (after every values() call)
+  void keep_alpha_k(PackedMpVec* into) { keep_ = into; }  // [T * G], sized by the caller
 
  private:
   bool visible(size_t x, int64_t t) const;  // share row x sees token t
@@ -49,6 +54,7 @@ class ExplicitRows {
   std::vector<std::vector<size_t>> by_group_;  // [G][its rows]: share rows x of each group
   int64_t T_;
   const std::vector<QueryRow>& rows_;
+  PackedMpVec* keep_ = nullptr;  // the owned groups' alpha_k also go here (may be null)
   bool latent_;
   Outputs& o_;
   Mp eps_, scale_;

@@ -106,14 +106,24 @@ void PackedMpVec::reserve(size_t n) {
 }
 
 void PackedMpVec::push_back(const Mp& x) {
-  sig_.resize(sig_.size() + limbs_);
-  mp_limb_t* limbs = sig_.data() + sig_.size() - limbs_;
+  resize(size() + 1);
+  set(size() - 1, x);
+}
+
+void PackedMpVec::resize(size_t n) {
+  sig_.resize(n * limbs_);
+  exp_.resize(n, 0);
+  kind_.resize(n, int8_t(MPFR_ZERO_KIND));
+}
+
+void PackedMpVec::set(size_t i, const Mp& x) {
+  mp_limb_t* limbs = sig_.data() + i * limbs_;
   mpfr_custom_init(limbs, prec_);
   mpfr_t view;
   mpfr_custom_init_set(view, MPFR_ZERO_KIND, 0, prec_, limbs);
   mpfr_set(view, x.backend().data(), MPFR_RNDN);
-  kind_.push_back(int8_t(mpfr_custom_get_kind(view)));
-  exp_.push_back(mpfr_regular_p(view) ? mpfr_custom_get_exp(view) : 0);
+  kind_[i] = int8_t(mpfr_custom_get_kind(view));
+  exp_[i] = mpfr_regular_p(view) ? mpfr_custom_get_exp(view) : 0;
 }
 
 void PackedMpVec::get(size_t i, Mp& out) const {

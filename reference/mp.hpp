@@ -60,6 +60,8 @@ class PackedMpVec {
   PackedMpVec();
   void reserve(size_t n);
   void push_back(const Mp& x);        // rounds if x is more precise than the vector (never here)
+  void resize(size_t n);              // new values are zero
+  void set(size_t i, const Mp& x);    // as push_back; distinct i may be set concurrently
   void get(size_t i, Mp& out) const;  // exact when out is at least as precise as the vector
   size_t size() const { return exp_.size(); }
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "reference/exact_sum.hpp"
+#include "reference/explicit_rows.hpp"
 #include "reference/latent_core.hpp"
 #include "reference/reference.hpp"
 
@@ -119,9 +120,11 @@ Mp gram_sum_squares(const Case& k, const ExactProduct& M, int64_t b, int64_t t) 
   return out;
 }
 
-// A.3 (U.1): the cached rope part of token t and its alpha_k per group.
-void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
-               const std::vector<ExactProduct>& gram, MpVec& rope, MpVec& alpha_k) {
+// A.3 (U.1): the cached rope part of token t and its alpha_k per group; `given` (may be null, and
+// then k0c may not be): ref.explicit's alpha_k of this sequence, the same values (reference.hpp).
+void cache_row(const Ctx& x, Dots::Cursor* k0c, int b, int64_t t,
+               const std::vector<ExactProduct>& gram, const PackedMpVec* given, MpVec& rope,
+               MpVec& alpha_k) {
   const MlaConfig& c = x.k.cfg;
   const Tensor& kpe = x.k.get("k_pe");
   const bool none = c.norm == NormMode::None, unified = c.norm == NormMode::Unified;
@@ -140,13 +143,15 @@ void cache_row(const Ctx& x, Dots::Cursor& k0c, int b, int64_t t,
   if (unified && !ntr) rotate(rope, x.k, t);
   const Mp rope_sq = sum_squares(rope);  // raw, or rotated (unified rope_then_norm)
   ExactSum key_ss;
-  for (int g = 0; g < c.groups; ++g) {
+  for (int g = 0; g < c.groups && given; ++g)
+    given->get(size_t(t * c.groups + g), alpha_k[size_t(g)]);
+  for (int g = 0; g < c.groups && !given; ++g) {
     Mp ss;
     if (x.v == Variant::GramAlphaK) {
       ss = gram_sum_squares(x.k, gram[size_t(g)], b, t);
     } else {  // the transient key c[t] . WK_g, exact: its squares summed exactly (X.7), as E.2
       key_ss.clear();
-      for (int j = 0; j < c.d_c; ++j) key_ss.add_square(k0c.entry(t, g * c.d_c + j));
+      for (int j = 0; j < c.d_c; ++j) key_ss.add_square(k0c->entry(t, g * c.d_c + j));
       key_ss.round(ss.backend().data());
     }
     int n = c.d_c;
@@ -185,7 +190,8 @@ std::vector<ExactProduct> gram_matrices(const Case& k) {
 
 }  // namespace
 
-Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation& p, int threads) {
+Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation& p, int threads,
+                     const AlphaKByToken* alpha_k) {
   const auto start = std::chrono::steady_clock::now();
   const MlaConfig& c = k.cfg;
   const Ctx x{k, v, p, Mp(c.eps)};
@@ -211,10 +217,15 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
         q.rope.push_back(std::move(rope));
       }
     // A.3, token by token on the core's threads, each chunk of tokens with its own cursor.
+    // ref.explicit's alpha_k where A.3's statistic is its own: then no key is formed here
+    const PackedMpVec* given = alpha_k && v != Variant::GramAlphaK && p.is_none()
+                                   ? &alpha_k->per_sequence.at(size_t(b))
+                                   : nullptr;
     const CacheRows cache = [&](int64_t t0) -> CacheRow {
-      auto k0c = std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
+      auto k0c = given ? nullptr
+                       : std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
       return [&, b, k0c](int64_t t, MpVec& rope, MpVec& ak) {
-        cache_row(x, *k0c, b, t, gram, rope, ak);
+        cache_row(x, k0c.get(), b, t, gram, given, rope, ak);
         for (int g = 0; g < c.groups; ++g)
           store(o, "alpha_k", o.tensors.at("alpha_k").index({b, t, g}), ak[size_t(g)]);
       };

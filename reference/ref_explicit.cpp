@@ -40,7 +40,9 @@ struct SequenceRun {
   std::vector<QueryRow> rows;  // [S_q * H]
   std::vector<std::unique_ptr<ExplicitRows>> shares;
 
-  SequenceRun(const Case& k, const Dots& d, int b, bool with_latent_out, int n_shares, Outputs& o) {
+  // keep: null, or the runs' alpha_k for sequence b, formed here at the run's precision
+  SequenceRun(const Case& k, const Dots& d, int b, bool with_latent_out, int n_shares, Outputs& o,
+              AlphaKByToken* keep = nullptr) {
     const MlaConfig& c = k.cfg;
     const Mp eps = c.eps;
     for (int i = 0; i < c.s_q; ++i)
@@ -52,6 +54,11 @@ struct SequenceRun {
       shares.push_back(std::make_unique<ExplicitRows>(k, d, b, rows, c.heads * s / n_shares,
                                                       c.heads * (s + 1) / n_shares, with_latent_out,
                                                       s == 0, o));
+    if (keep) {
+      PackedMpVec& into = keep->per_sequence.emplace_back();
+      into.resize(size_t(c.seqlens[size_t(b)] * c.groups));
+      for (auto& s : shares) s->keep_alpha_k(&into);
+    }
   }
   SequenceRun(const SequenceRun&) = delete;  // the shares hold a reference to rows
 
@@ -81,13 +88,19 @@ void timed(int bits, double& seconds, const std::function<void()>& f) {
 
 }  // namespace
 
-Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int threads) {
+void AlphaKByTokenFree::operator()(AlphaKByToken* a) const { delete a; }
+
+KeptAlphaK new_kept_alpha_k() { return KeptAlphaK(new AlphaKByToken); }
+
+Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int threads,
+                     AlphaKByToken* keep) {
   const auto start = Clock::now();
   Outputs o = begin_outputs(k, with_latent_out);
   const int shares = share_count(k, threads);
+  if (keep) keep->per_sequence.clear();
   for (int b = 0; b < k.cfg.batch; ++b) {
     const int64_t T = k.cfg.seqlens[size_t(b)];
-    SequenceRun run(k, d, b, with_latent_out, shares, o);
+    SequenceRun run(k, d, b, with_latent_out, shares, o, keep);
     run.each([T](ExplicitRows& r) {
       r.keys(0, T);
       r.softmax();
@@ -101,8 +114,10 @@ Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int thr
 }
 
 std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool with_latent_out,
-                                              int bits, int check_bits, int threads) {
+                                              int bits, int check_bits, int threads,
+                                              AlphaKByToken* keep) {
   Outputs p = begin_outputs(k, with_latent_out), check = begin_outputs(k, false);
+  if (keep) keep->per_sequence.clear();
   const int shares = share_count(k, threads);
   const Dots::NoAhead no_ahead(d);  // the phases form the next block themselves
   const int stride = 2 * shares;    // share tasks per block: the P run's, then the check's
@@ -111,7 +126,7 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
     const int64_t block = d.streaming() ? d.block_tokens() : std::max<int64_t>(T, 1);
     std::unique_ptr<SequenceRun> rp, rc;
     timed(bits, p.seconds,
-          [&] { rp = std::make_unique<SequenceRun>(k, d, b, with_latent_out, shares, p); });
+          [&] { rp = std::make_unique<SequenceRun>(k, d, b, with_latent_out, shares, p, keep); });
     timed(check_bits, check.seconds,
           [&] { rc = std::make_unique<SequenceRun>(k, d, b, false, shares, check); });
     // The two runs read each block one after the other, so it is formed once for both (S.4); the

@@ -3,6 +3,8 @@
 // or form them again, and the streamed reference holds no per-token keys or values.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "core/parallel.hpp"
 #include "helpers.hpp"
 #include "reference/mp.hpp"
@@ -249,6 +251,45 @@ TEST_CASE("reference.streaming.absorbed_chunks_give_the_same_bits") {
       check_identical(one, ref::ref_absorbed(k, d, Variant::Default, {}, threads));
       check_identical(one_v, ref::ref_absorbed(k, d, v, {}, threads));
       check_identical(one_p, ref::ref_absorbed(k, d, Variant::Default, shifted, threads));
+    }
+  }
+}
+
+// A.3 from ref.explicit's alpha_k (reference.hpp, KeptAlphaK): the same bits as ref.absorbed's
+// own keys, whole or streamed (the pair's P run), for every norm; at 53 bits the outputs hold
+// every bit of alpha_k. A perturbed run or the Gram variant keeps forming its own statistic.
+TEST_CASE("reference.absorbed.explicit_alpha_k_gives_the_same_bits") {
+  const uint64_t s = test::seed(1212);
+  CAPTURE(s);
+  Perturbation from_latent;
+  from_latent.key_stat_from_latent = true;
+  for (NormMode norm : {NormMode::Blockwise, NormMode::Unified, NormMode::None}) {
+    for (Profile profile : {Profile::BF16, Profile::FP64}) {
+      CAPTURE(int(norm));
+      CAPTURE(int(profile));
+      const Case k = generate_case(test::tiny_config(profile, {300, 0, 129}, 2, norm, s));
+      const ref::Dots whole = ref::exact_dots(k);
+      for (int bits : {53, 113}) {
+        CAPTURE(bits);
+        const ref::KeptAlphaK kept = ref::new_kept_alpha_k(), paired = ref::new_kept_alpha_k();
+        ref::ref_explicit_pair(k, ref::Dots(k, {64, 4}), false, bits, bits + 64, 2, paired.get());
+        const ref::PrecisionScope scope(bits);
+        const Outputs ex = ref::ref_explicit(k, whole, false, 2, kept.get());
+        const Outputs own = ref::ref_absorbed(k, whole);
+        check_identical(own, ref::ref_absorbed(k, whole, Variant::Default, {}, 2, kept.get()));
+        check_identical(own, ref::ref_absorbed(k, whole, Variant::Default, {}, 1, paired.get()));
+        if (norm != NormMode::None) {
+          const std::vector<double>&a = ex.tensors.at("alpha_k").data,
+                &b = own.tensors.at("alpha_k").data;  // NaN past each sequence's end
+          CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                           [](double x, double y) { return x == y || (x != x && y != y); }));
+          check_identical(
+              ref::ref_absorbed(k, whole, Variant::Default, from_latent),
+              ref::ref_absorbed(k, whole, Variant::Default, from_latent, 1, kept.get()));
+          check_identical(ref::ref_absorbed(k, whole, Variant::GramAlphaK),
+                          ref::ref_absorbed(k, whole, Variant::GramAlphaK, {}, 1, kept.get()));
+        }
+      }
     }
   }
 }

@@ -20,9 +20,17 @@ const Outputs* Truth::of(const std::string& tensor) const {
 
 namespace {
 
-Outputs reference_run(const Case& k, const ref::Dots& d, bool latent_out, int threads) {
+// `keep` (may be null): the P run keeps its alpha_k for ref.absorbed (module level only).
+Outputs reference_run(const Case& k, const ref::Dots& d, bool latent_out, int threads,
+                      ref::AlphaKByToken* keep = nullptr) {
   return k.cfg.level == Level::Kernel ? ref::ref_kernel(k)
-                                      : ref::ref_explicit(k, d, latent_out, threads);
+                                      : ref::ref_explicit(k, d, latent_out, threads, keep);
+}
+
+// ref.absorbed at the current precision P, taking ref.explicit's alpha_k (null: its own).
+Outputs absorbed_run(const Case& k, const ref::Dots& d, int threads,
+                     const ref::AlphaKByToken* alpha_k) {
+  return ref::ref_absorbed(k, d, Variant::Default, {}, threads, alpha_k);
 }
 
 // Threads for each of `runs` runs of one precision that run side by side: spare threads go to
@@ -54,9 +62,12 @@ Fillers* filling(const std::vector<std::function<void()>>& tasks, const TruthOpt
 }
 
 // The products, the P runs and the check runs of the cases `wave` (indices into cases), one phase
-// after another; cases whose products stream are left for ref_explicit_pair.
+// after another; cases whose products stream are left for ref_explicit_pair (and their
+// ref.absorbed, which takes the pair's alpha_k, for after it). At P, ref.explicit runs first and
+// keeps its alpha_k in `kept`, then ref.absorbed takes them instead of forming the keys again.
 void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& wave,
-              const TruthOptions& o, std::vector<Truth>& truths, Fillers& fillers) {
+              const TruthOptions& o, std::vector<Truth>& truths, std::vector<ref::KeptAlphaK>& kept,
+              Fillers& fillers) {
   std::vector<std::function<void()>> tasks;
   size_t modules = 0;
   for (size_t i : wave) modules += cases[i]->cfg.level == Level::Module ? 1 : 0;
@@ -72,26 +83,31 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
   const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
   {
     ref::PrecisionScope scope(o.bits);
+    auto absorbs = [&](size_t i) { return o.absorbed && cases[i]->cfg.level == Level::Module; };
     tasks.clear();
     size_t runs = 0;
-    for (size_t i : wave)
-      runs += (paired(i) ? 0 : 1) + (o.absorbed && cases[i]->cfg.level == Level::Module ? 1 : 0);
-    const int share = threads_per_run(o, runs);
-    std::vector<std::function<void()>> explicit_runs;
+    for (size_t i : wave) runs += paired(i) ? 0 : 1;
+    int share = threads_per_run(o, runs);
     for (size_t i : wave) {
       truths[i].bits = ref::PrecisionScope::current_bits();
-      const bool module = cases[i]->cfg.level == Level::Module;
+      if (absorbs(i)) kept[i] = ref::new_kept_alpha_k();
       if (!paired(i))
-        explicit_runs.push_back([&, i, share] {
-          truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share);
-        });
-      if (o.absorbed && module)  // the longer runs first, so that the phase ends on short ones
         tasks.push_back([&, i, share] {
-          truths[i].absorbed_p =
-              ref::ref_absorbed(*cases[i], truths[i].dots, Variant::Default, {}, share);
+          truths[i].explicit_p =
+              reference_run(*cases[i], truths[i].dots, o.latent_out, share, kept[i].get());
         });
     }
-    tasks.insert(tasks.end(), explicit_runs.begin(), explicit_runs.end());
+    run_parallel(tasks, o.threads, filling(tasks, o, fillers));
+    tasks.clear();
+    runs = 0;
+    for (size_t i : wave) runs += absorbs(i) && !paired(i) ? 1 : 0;
+    share = threads_per_run(o, runs);
+    for (size_t i : wave)
+      if (absorbs(i) && !paired(i))
+        tasks.push_back([&, i, share] {
+          truths[i].absorbed_p = absorbed_run(*cases[i], truths[i].dots, share, kept[i].get());
+          kept[i].reset();
+        });
     run_parallel(tasks, o.threads, filling(tasks, o, fillers));
   }
   ref::PrecisionScope scope(check_bits);
@@ -130,6 +146,7 @@ std::vector<std::vector<size_t>> plan_waves(const std::vector<int64_t>& product_
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra) {
   std::vector<Truth> truths(cases.size());
+  std::vector<ref::KeptAlphaK> kept(cases.size());  // ref.explicit's alpha_k, until ref.absorbed
   Fillers fillers(extra);  // the caller's work, on threads a phase would leave idle
   // Cases in waves (TruthOptions::wave_bytes), in order. The default report held all five
   // profiles' products at once (2.1 GB); waves of two cost the gate 13 % of its time.
@@ -137,7 +154,7 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   for (const Case* k : cases)
     bytes.push_back(k->cfg.level == Level::Module ? ref::whole_product_bytes(*k) : 0);
   for (const std::vector<size_t>& wave : plan_waves(bytes, o.threads, o.wave_bytes))
-    run_wave(cases, wave, o, truths, fillers);
+    run_wave(cases, wave, o, truths, kept, fillers);
   ref::drain_term_pool();
   // Streamed products: ref.explicit and its check take turns on each block, which is then formed
   // once for both (ref_explicit_pair). The fillers left run beside them on one more thread (their
@@ -146,10 +163,15 @@ std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const T
   std::vector<size_t> streamed;
   for (size_t i = 0; i < cases.size(); ++i)
     if (streams(*cases[i], truths[i])) streamed.push_back(i);
-  auto pairs = [&] {
-    for (size_t i : streamed)
+  auto pairs = [&] {  // each pair, then its ref.absorbed with the pair's alpha_k
+    for (size_t i : streamed) {
       std::tie(truths[i].explicit_p, truths[i].check) = ref::ref_explicit_pair(
-          *cases[i], truths[i].dots, o.latent_out, o.bits, check_bits, o.threads);
+          *cases[i], truths[i].dots, o.latent_out, o.bits, check_bits, o.threads, kept[i].get());
+      if (!kept[i]) continue;
+      const ref::PrecisionScope scope(o.bits);
+      truths[i].absorbed_p = absorbed_run(*cases[i], truths[i].dots, o.threads, kept[i].get());
+      kept[i].reset();
+    }
   };
   if (streamed.empty() || o.threads < 2) {
     fillers.run_rest(o.threads);

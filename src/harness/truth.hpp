@@ -1,7 +1,8 @@
 // The truth, computed once for every command (conventions §4): ref.explicit at P bits (ref.kernel
-// for a kernel-level case), optionally ref.absorbed at P, and the check run at P + 64 bits on the
-// same exact products; the bits on which the two runs agree, and the refusal rule (fewer than
-// stored precision + 20 bits: the reference is not accurate enough to judge anything).
+// for a kernel-level case), optionally ref.absorbed at P after it (taking its alpha_k, the same
+// values: proofs/reference.md, A.3), and the check run at P + 64 bits on the same exact products;
+// the bits on which the two runs agree, and the refusal rule (fewer than stored precision + 20
+// bits: the reference is not accurate enough to judge anything).
 #pragma once
 #include <cstdint>
 #include <functional>
