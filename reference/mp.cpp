@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "core/parallel.hpp"
@@ -123,7 +124,11 @@ void PackedMpVec::set(size_t i, const Mp& x) {
   mpfr_custom_init_set(view, MPFR_ZERO_KIND, 0, prec_, limbs);
   mpfr_set(view, x.backend().data(), MPFR_RNDN);
   kind_[i] = int8_t(mpfr_custom_get_kind(view));
-  exp_[i] = mpfr_regular_p(view) ? mpfr_custom_get_exp(view) : 0;
+  const mpfr_exp_t e = mpfr_regular_p(view) ? mpfr_custom_get_exp(view) : 0;
+  // MPFR's default exponent range, [1 - 2^30, 2^30 - 1], fits; a caller that widened it may not
+  if (e < std::numeric_limits<int32_t>::min() || e > std::numeric_limits<int32_t>::max())
+    throw std::overflow_error("PackedMpVec: an exponent beyond 32 bits");
+  exp_[i] = int32_t(e);
 }
 
 void PackedMpVec::get(size_t i, Mp& out) const {

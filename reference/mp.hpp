@@ -1,6 +1,7 @@
 // The reference's number type: Boost.Multiprecision over MPFR, precision chosen at run time.
 #pragma once
 #include <boost/multiprecision/mpfr.hpp>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -52,7 +53,7 @@ void to_parts(const Mp& x, double* out, int parts);
 void split_double(const Mp& x, double& hi, double& lo);
 
 // Values of one precision packed in plain arrays through MPFR's custom interface (significand
-// limbs, exponent and kind per value): ~25 B per 114-bit value instead of ~64 B for a
+// limbs, exponent and kind per value): ~21 B per 114-bit value instead of ~64 B for a
 // heap-allocated Mp. Values are stored and read back exactly; the precision is the default at
 // construction.
 class PackedMpVec {
@@ -68,9 +69,9 @@ class PackedMpVec {
  private:
   mpfr_prec_t prec_;
   size_t limbs_;
-  std::vector<mp_limb_t> sig_;   // [size, limbs_]
-  std::vector<mpfr_exp_t> exp_;  // [size]
-  std::vector<int8_t> kind_;     // [size]: MPFR kind, negative for negative values
+  std::vector<mp_limb_t> sig_;  // [size, limbs_]
+  std::vector<int32_t> exp_;    // [size]: the exponent (set() refuses one beyond int32)
+  std::vector<int8_t> kind_;    // [size]: MPFR kind, negative for negative values
 };
 
 }  // namespace qkmla::ref
