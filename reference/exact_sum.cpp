@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace qkmla::ref {
 
@@ -212,60 +213,30 @@ void ExactSum::add_product_general(mpfr_srcptr a, mpfr_srcptr b) {
             (mpfr_signbit(a) != 0) != (mpfr_signbit(b) != 0));
 }
 
-void ExactSum::add_product(mpfr_srcptr a, double x) {
-  if (!mpfr_number_p(a) || !std::isfinite(x)) {
-    special_ += mpfr_get_d(a, MPFR_RNDN) * x;
-    return;
-  }
-  if (mpfr_zero_p(a) || x == 0) return;
-  uint64_t limb = 0;
-  int64_t e = 0;
-  integer_parts(x, limb, e);
-  const int64_t na = limbs_of(a);
-  const int64_t low = low_exponent(a) + e;
-  const bool neg = (mpfr_signbit(a) != 0) != (x < 0);
-  mp_limb_t small[5];
-  if (na == 2) {
-    mul_small<2, 1>(small, significand(a), &limb);
-    return add_limbs<3>(small, 3, low, neg);
-  }
-  if (na == 3) {
-    mul_small<3, 1>(small, significand(a), &limb);
-    return add_limbs<4>(small, 4, low, neg);
-  }
-  if (na == 4) {  // the check's query times a 53-bit gain
-    mul_small<4, 1>(small, significand(a), &limb);
-    return add_limbs<5>(small, 5, low, neg);
-  }
-  std::vector<mp_limb_t>& p = tl_product;
-  p.resize(size_t(na + 1));
-  p[size_t(na)] = mpn_mul_1(p.data(), significand(a), na, limb);
-  add_limbs(p.data(), na + 1, low, neg);
+namespace {
+// The limbs of a regular value of 2-4 limbs (the reference's P, P + gain bits, the check), else 0:
+// the general path.
+int inline_limbs(mpfr_srcptr a) {
+  if (!mpfr_regular_p(a)) return 0;
+  const int64_t n = limbs_of(a);
+  return n >= 2 && n <= 4 ? int(n) : 0;
 }
 
-void ExactSum::add_product(double x, double y, int64_t scale2) {
-  if (!std::isfinite(x) || !std::isfinite(y)) {
-    special_ += std::ldexp(x * y, int(scale2));
-    return;
-  }
-  if (x == 0 || y == 0) return;
-  uint64_t mx = 0, my = 0;
-  int64_t ex = 0, ey = 0;
-  integer_parts(x, mx, ex);
-  integer_parts(y, my, ey);
-  const unsigned __int128 p = static_cast<unsigned __int128>(mx) * my;  // below 2^106
-  const mp_limb_t limbs[2] = {mp_limb_t(p), mp_limb_t(p >> 64)};
-  add_limbs<2>(limbs, 2, ex + ey + scale2, (x < 0) != (y < 0));
-}
-
-void ExactSum::add_square(std::span<const double> terms) {
-  for (size_t a = 0; a < terms.size(); ++a) {
-    if (terms[a] == 0) continue;
-    add_product(terms[a], terms[a]);
-    for (size_t b = a + 1; b < terms.size(); ++b)
-      if (terms[b] != 0) add_product(terms[a], terms[b], 1);  // the two cross terms at once
+// f(std::integral_constant<int, N>) with N = inline_limbs(a): one instantiation per inline width.
+template <class F>
+void by_limbs(mpfr_srcptr a, F&& f) {
+  switch (inline_limbs(a)) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    default:
+      return f(std::integral_constant<int, 0>{});
   }
 }
+}  // namespace
 
 template <int N>
 [[gnu::always_inline]] inline void ExactSum::add_times_terms(mpfr_srcptr a,
@@ -293,52 +264,63 @@ template <int N>
   }
 }
 
-namespace {
-// The limbs of a regular value of 2-4 limbs (the reference's P, P + gain bits, the check), else 0:
-// the general path.
-int inline_limbs(mpfr_srcptr a) {
-  if (!mpfr_regular_p(a)) return 0;
-  const int64_t n = limbs_of(a);
-  return n >= 2 && n <= 4 ? int(n) : 0;
+void ExactSum::add_product(mpfr_srcptr a, double x) {
+  if (!mpfr_number_p(a) || !std::isfinite(x)) {
+    special_ += mpfr_get_d(a, MPFR_RNDN) * x;
+    return;
+  }
+  if (mpfr_zero_p(a) || x == 0) return;
+  if (inline_limbs(a) != 0)
+    return by_limbs(a, [&](auto n) {
+      if constexpr (n() > 0) add_times_terms<n()>(a, std::span<const double>(&x, 1));
+    });
+  uint64_t limb = 0;
+  int64_t e = 0;
+  integer_parts(x, limb, e);
+  const int64_t na = limbs_of(a);
+  std::vector<mp_limb_t>& p = tl_product;
+  p.resize(size_t(na + 1));
+  p[size_t(na)] = mpn_mul_1(p.data(), significand(a), na, limb);
+  add_limbs(p.data(), na + 1, low_exponent(a) + e, (mpfr_signbit(a) != 0) != (x < 0));
 }
-}  // namespace
+
+void ExactSum::add_product(double x, double y, int64_t scale2) {
+  if (!std::isfinite(x) || !std::isfinite(y)) {
+    special_ += std::ldexp(x * y, int(scale2));
+    return;
+  }
+  if (x == 0 || y == 0) return;
+  uint64_t mx = 0, my = 0;
+  int64_t ex = 0, ey = 0;
+  integer_parts(x, mx, ex);
+  integer_parts(y, my, ey);
+  const unsigned __int128 p = static_cast<unsigned __int128>(mx) * my;  // below 2^106
+  const mp_limb_t limbs[2] = {mp_limb_t(p), mp_limb_t(p >> 64)};
+  add_limbs<2>(limbs, 2, ex + ey + scale2, (x < 0) != (y < 0));
+}
+
+void ExactSum::add_square(std::span<const double> terms) {
+  for (size_t a = 0; a < terms.size(); ++a) {
+    if (terms[a] == 0) continue;
+    add_product(terms[a], terms[a]);
+    for (size_t b = a + 1; b < terms.size(); ++b)
+      if (terms[b] != 0) add_product(terms[a], terms[b], 1);  // the two cross terms at once
+  }
+}
 
 void ExactSum::add_dot(std::span<const Mp> a, std::span<const std::span<const double>> b) {
   for (size_t j = 0; j < a.size(); ++j) {
     mpfr_srcptr x = a[j].backend().data();
-    switch (inline_limbs(x)) {
-      case 2:
-        add_times_terms<2>(x, b[j]);
-        break;
-      case 3:
-        add_times_terms<3>(x, b[j]);
-        break;
-      case 4:
-        add_times_terms<4>(x, b[j]);
-        break;
-      default:
-        add_times_terms<0>(x, b[j]);
-    }
+    by_limbs(x, [&](auto n) { add_times_terms<n()>(x, b[j]); });
   }
 }
 
 void ExactSum::add_scaled(std::span<ExactSum> sums, const Mp& a,
                           std::span<const std::span<const double>> b) {
   mpfr_srcptr x = a.backend().data();
-  const int n = inline_limbs(x);
-  for (size_t j = 0; j < b.size(); ++j) switch (n) {
-      case 2:
-        sums[j].add_times_terms<2>(x, b[j]);
-        break;
-      case 3:
-        sums[j].add_times_terms<3>(x, b[j]);
-        break;
-      case 4:
-        sums[j].add_times_terms<4>(x, b[j]);
-        break;
-      default:
-        sums[j].add_times_terms<0>(x, b[j]);
-    }
+  by_limbs(x, [&](auto n) {
+    for (size_t j = 0; j < b.size(); ++j) sums[j].add_times_terms<n()>(x, b[j]);
+  });
 }
 
 void ExactSum::round(mpfr_ptr out) const {

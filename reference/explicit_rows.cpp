@@ -67,12 +67,6 @@ int significant_bits(double d) {
   return 53 - std::countr_zero(m);
 }
 
-ExactSum& scratch_sum() {  // one per thread, cleared by each user
-  thread_local ExactSum acc;
-  acc.clear();
-  return acc;
-}
-
 }  // namespace
 
 ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows,

@@ -142,15 +142,16 @@ void cache_row(const Ctx& x, Dots::Cursor* k0c, int b, int64_t t,
   }
   if (unified && !ntr) rotate(rope, x.k, t);
   const Mp rope_sq = sum_squares(rope);  // raw, or rotated (unified rope_then_norm)
-  ExactSum key_ss;
-  for (int g = 0; g < c.groups && given; ++g)
-    given->get(size_t(t * c.groups + g), alpha_k[size_t(g)]);
-  for (int g = 0; g < c.groups && !given; ++g) {
+  for (int g = 0; g < c.groups; ++g) {
+    if (given) {
+      given->get(size_t(t * c.groups + g), alpha_k[size_t(g)]);
+      continue;
+    }
     Mp ss;
     if (x.v == Variant::GramAlphaK) {
       ss = gram_sum_squares(x.k, gram[size_t(g)], b, t);
     } else {  // the transient key c[t] . WK_g, exact: its squares summed exactly (X.7), as E.2
-      key_ss.clear();
+      ExactSum& key_ss = scratch_sum();
       for (int j = 0; j < c.d_c; ++j) key_ss.add_square(k0c->entry(t, g * c.d_c + j));
       key_ss.round(ss.backend().data());
     }

@@ -10,13 +10,11 @@ namespace qkmla::ref {
 
 MpVec to_mp(const double* p, int n) { return MpVec(p, p + n); }
 
-namespace {
-ExactSum& scratch_sum() {  // one per thread, cleared by each user
+ExactSum& scratch_sum() {
   thread_local ExactSum acc;
   acc.clear();
   return acc;
 }
-}  // namespace
 
 Mp sum_squares(const MpVec& z, int from, int n) {  // exact, rounded once (X.6)
   if (n < 0) n = int(z.size()) - from;

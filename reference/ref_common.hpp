@@ -11,6 +11,10 @@
 namespace qkmla::ref {
 
 using MpVec = std::vector<Mp>;
+class ExactSum;
+
+// This thread's X.6 accumulator, cleared: for a sum rounded before the next call needs it.
+ExactSum& scratch_sum();
 
 MpVec to_mp(const double* p, int n);                       // exact
 Mp sum_squares(const MpVec& z, int from = 0, int n = -1);  // sum_j z_j^2
