@@ -22,19 +22,15 @@ struct Dots::Shared {
   std::atomic<int64_t> read{0};
   std::atomic<int> no_ahead{0};  // live NoAhead guards
   int64_t per_product = 0;
-  std::shared_ptr<const SlicedWeights> sliced[2];  // [K0c, V]; null: extraction (X.1-X.2)
+  std::shared_ptr<const SlicedWeights> sliced;  // null: extraction (X.1-X.2)
 };
 
 namespace {
 
-const Tensor& weights(const Case& k, Dots::Which w) {
-  return k.get(w == Dots::Which::K0c ? "w_uk" : "w_uv");
-}
-
 std::shared_ptr<const ExactProduct> form(const Case& k, const SlicedWeights* sliced, int b,
-                                         Dots::Which w, int64_t t0, int64_t t1) {
+                                         int64_t t0, int64_t t1) {
   const Tensor& kv = k.latent();
-  const Tensor& wt = weights(k, w);
+  const Tensor& wt = k.get("w_uk");
   const int64_t r = k.cfg.latent_rank;
   std::vector<double> held;  // the block's rows when the cache is held compact
   const double* rows = t1 > t0 ? kv.rows(kv.index({b, t0, 0}), (t1 - t0) * r, held) : nullptr;
@@ -43,13 +39,13 @@ std::shared_ptr<const ExactProduct> form(const Case& k, const SlicedWeights* sli
       exact_matmul(rows, r, t1 - t0, r, wt.data.data(), wt.shape[1], wt.shape[1]));
 }
 
-// X.5's plan for one product, from every cached token's latent row (so that any blocking of the
+// X.5's plan for the product, from every cached token's latent row (so that any blocking of the
 // tokens gives the same expansions) and the weights; null when slicing would cost more than
 // extraction.
-std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w) {
+std::shared_ptr<const SlicedWeights> slice_weights(const Case& k) {
   const MlaConfig& c = k.cfg;
   const Tensor& kv = k.latent();
-  const Tensor& wt = weights(k, w);
+  const Tensor& wt = k.get("w_uk");
   const int64_t r = c.latent_rank;
   Spans a_spans;
   std::vector<double> held;  // rows of a compact cache, 4096 tokens at a time (spans are per row)
@@ -68,37 +64,26 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k, Dots::Which w)
 
 Dots::Dots(const Case& k, Options o) : block_tokens_(o.block_tokens), shared_(new Shared) {
   shared_->cached = o.cached;
-  for (Which w : {Which::K0c, Which::V}) {
-    auto& s = shared_->sliced[int(w)];
-    try {
-      if (o.sliced) s = slice_weights(k, w);
-    } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
-      s = nullptr;
-    }
+  try {
+    if (o.sliced) shared_->sliced = slice_weights(k);
+  } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
+    shared_->sliced = nullptr;
   }
   if (block_tokens_ < 0) block_tokens_ = whole_product_bytes(k) <= o.whole_bytes ? 0 : 256;
   for (int t : k.cfg.seqlens)
     shared_->per_product += streaming() ? (t + block_tokens_ - 1) / block_tokens_ : 1;
   if (streaming()) return;
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::shared_ptr<const ExactProduct>> whole(size_t(2 * k.cfg.batch));  // [B][K0c, V]
+  // Every sequence's product whole, as Pending blocks: a sliced product's 512-column tiles are
+  // tasks of their own, so that one sequence's product runs on every thread (S.1: the same bits).
+  std::vector<std::shared_ptr<Pending>> whole;  // [B]
   std::vector<std::function<void()>> tasks;
-  for (int b = 0; b < k.cfg.batch; ++b)
-    for (Which w : {Which::K0c, Which::V})
-      tasks.push_back([&, b, w] {
-        whole[size_t(2 * b + int(w))] =
-            form(k, shared_->sliced[int(w)].get(), b, w, 0, k.cfg.seqlens[size_t(b)]);
-      });
+  for (int b = 0; b < k.cfg.batch; ++b) {
+    whole.emplace_back(new Pending(*this, k, b, 0, k.cfg.seqlens[size_t(b)]));
+    shared_->blocks[{b, 0}] = whole.back()->done_.get_future().share();
+    for (int i = 0; i < whole.back()->pieces(); ++i)
+      tasks.push_back([p = whole.back().get(), i] { p->run(i); });
+  }
   run_parallel(tasks, std::max(1, o.threads));
-  for (int b = 0; b < k.cfg.batch; ++b)
-    for (Which w : {Which::K0c, Which::V}) {
-      std::promise<std::shared_ptr<const ExactProduct>> p;
-      p.set_value(whole[size_t(2 * b + int(w))]);
-      shared_->blocks[{b, int(w), 0}] = p.get_future().share();
-      ++shared_->formed;
-    }
-  shared_->seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 bool Dots::find_or_enter(const Key& key, Future& found, const Future& fresh) const {
@@ -123,15 +108,15 @@ void Dots::add_time(double seconds, bool formed) const {
   shared_->formed += formed ? 1 : 0;
 }
 
-std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, int64_t t0) const {
+std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, int64_t t0) const {
   std::promise<std::shared_ptr<const ExactProduct>> mine;
   Future found;
-  if (find_or_enter({b, int(w), t0}, found, mine.get_future().share())) return found.get();
+  if (find_or_enter({b, t0}, found, mine.get_future().share())) return found.get();
   const auto start = std::chrono::steady_clock::now();
   const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
   std::shared_ptr<const ExactProduct> p;
   try {
-    p = form(k, shared_->sliced[int(w)].get(), b, w, t0, t1);
+    p = form(k, shared_->sliced.get(), b, t0, t1);
   } catch (...) {  // waiters see the same error; the block stays unformed
     mine.set_exception(std::current_exception());
     throw;
@@ -141,14 +126,13 @@ std::shared_ptr<const ExactProduct> Dots::block(const Case& k, int b, Which w, i
   return p;
 }
 
-Dots::Pending::Pending(const Dots& d, const Case& k, int b, Which w, int64_t t0, int64_t t1)
+Dots::Pending::Pending(const Dots& d, const Case& k, int b, int64_t t0, int64_t t1)
     : d_(&d),
       k_(&k),
       b_(b),
-      w_(w),
       t0_(t0),
       t1_(t1),
-      sliced_(d.shared_->sliced[int(w)].get()),
+      sliced_(t1 > t0 ? d.shared_->sliced.get() : nullptr),  // no rows: form()'s empty product
       pieces_(sliced_ ? int(SlicedProduct::tiles_for(sliced_->k)) : 1),
       left_(pieces_) {}
 
@@ -166,7 +150,7 @@ void Dots::Pending::run(int piece) {
       });
       product_->tile(piece);
     } else {
-      whole_ = form(*k_, nullptr, b_, w_, t0_, t1_);
+      whole_ = form(*k_, nullptr, b_, t0_, t1_);
     }
     last = --left_ == 0;
     if (last && !failed_)
@@ -180,12 +164,12 @@ void Dots::Pending::run(int piece) {
                last);
 }
 
-std::shared_ptr<Dots::Pending> Dots::prefetch(const Case& k, int b, Which w, int64_t t0) const {
+std::shared_ptr<Dots::Pending> Dots::prefetch(const Case& k, int b, int64_t t0) const {
   if (!streaming() || t0 >= k.cfg.seqlens[size_t(b)]) return nullptr;
   const int64_t t1 = std::min<int64_t>(t0 + block_tokens_, k.cfg.seqlens[size_t(b)]);
-  std::shared_ptr<Pending> p(new Pending(*this, k, b, w, t0, t1));
+  std::shared_ptr<Pending> p(new Pending(*this, k, b, t0, t1));
   Future found;
-  if (find_or_enter({b, int(w), t0}, found, p->done_.get_future().share())) return nullptr;
+  if (find_or_enter({b, t0}, found, p->done_.get_future().share())) return nullptr;
   return p;
 }
 
@@ -197,8 +181,8 @@ Dots::NoAhead::~NoAhead() {
   if (d_.shared_) --d_.shared_->no_ahead;
 }
 
-Dots::Cursor Dots::cursor(const Case& k, int b, Which w, bool counts) const {
-  return Cursor(*this, k, b, w, counts);
+Dots::Cursor Dots::cursor(const Case& k, int b, bool counts) const {
+  return Cursor(*this, k, b, counts);
 }
 
 std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
@@ -212,17 +196,15 @@ std::span<const double> Dots::Cursor::entry(int64_t t, int64_t j) {
       block_ = ahead_.get();
     } else {
       if (ahead_.valid()) ahead_.wait();  // a block this run skipped: let it finish
-      block_ = d_->block(*k_, b_, w_, t0_);
+      block_ = d_->block(*k_, b_, t0_);
     }
     if (d_->streaming() && t1_ < T && d_->shared_->no_ahead == 0) {
       const Dots* d = d_;
       const Case* k = k_;
       const int b = b_;
-      const Which w = w_;
       const int64_t next = t1_;
       ahead_t0_ = next;
-      ahead_ =
-          std::async(std::launch::async, [d, k, b, w, next] { return d->block(*k, b, w, next); });
+      ahead_ = std::async(std::launch::async, [d, k, b, next] { return d->block(*k, b, next); });
     }
   }
   return block_->entry(t - t0_, j);
@@ -254,24 +236,19 @@ int64_t Dots::blocks_formed() const {
 }
 
 std::string Dots::method() const {
-  std::string out;
-  for (Which w : {Which::K0c, Which::V}) {
-    const SlicedWeights* s = shared_ ? shared_->sliced[int(w)].get() : nullptr;
-    out += std::string(out.empty() ? "" : ", ") + (w == Which::K0c ? "k0c " : "v ");
-    out += s ? "sliced GEMMs (" + std::to_string(s->plan.beta_a) + "+" +
-                   std::to_string(s->plan.beta_b) + " bits, " + std::to_string(s->plan.slices_a) +
-                   "x" + std::to_string(s->plan.slices_b) + " slices, " +
-                   std::to_string(s->plan.remainder_a + s->plan.remainder_b) + " remainders, " +
-                   slice_gemm_target() + ")"
-             : std::string("extraction");
-  }
-  return out;
+  const SlicedWeights* s = shared_ ? shared_->sliced.get() : nullptr;
+  if (!s) return "k0c extraction";
+  return "k0c sliced GEMMs (" + std::to_string(s->plan.beta_a) + "+" +
+         std::to_string(s->plan.beta_b) + " bits, " + std::to_string(s->plan.slices_a) + "x" +
+         std::to_string(s->plan.slices_b) + " slices, " +
+         std::to_string(s->plan.remainder_a + s->plan.remainder_b) + " remainders, " +
+         slice_gemm_target() + ")";
 }
 
-int64_t whole_product_bytes(const MlaConfig& c) {  // w_uk [r, G d_c], w_uv [r, G d_v]
+int64_t whole_product_bytes(const MlaConfig& c) {  // w_uk [r, G d_c]
   int64_t tokens = 0;
   for (int t : c.seqlens) tokens += t;
-  return tokens * int64_t(c.groups) * (c.d_c + c.d_v) * ExactProduct::kLevels * 8;
+  return tokens * int64_t(c.groups) * c.d_c * ExactProduct::kLevels * 8;
 }
 
 int64_t whole_product_bytes(const Case& k) { return whole_product_bytes(k.cfg); }

@@ -1,5 +1,6 @@
-// X.1-X.2: the exact products every multiprecision stage starts from, per batch entry b:
-// k0c[b] = kv_c[b, :T_b] * w_uk  [T_b, G*d_c],  v[b] = kv_c[b, :T_b] * w_uv  [T_b, G*d_v].
+// X.1-X.2: the exact product ref.explicit's keys start from, per batch entry b:
+// k0c[b] = kv_c[b, :T_b] * w_uk  [T_b, G*d_c]. (Its values need no product: E.7 multiplies the
+// exact sums sum_t p c[t] by w_uv instead, X.8.)
 //
 // Every entry's expansion depends only on its own token row and the weights (exact_dot.hpp), so
 // the products may be formed a block of tokens at a time: the same bits either way. Short
@@ -16,7 +17,7 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <tuple>
+#include <utility>
 
 #include "core/case.hpp"
 #include "reference/exact_dot.hpp"
@@ -26,7 +27,6 @@ namespace qkmla::ref {
 
 class Dots {
  public:
-  enum class Which { K0c, V };
   struct Options {
     // 0: every sequence whole, formed at construction; < 0: whole if the products fit in
     // whole_bytes, else 256-token blocks.
@@ -37,14 +37,14 @@ class Dots {
     // X.5 sliced GEMMs where their plan needs at most kMaxGemms per chunk; X.1-X.2 extraction
     // otherwise (operands spanning very many binades). Either way the same exact values.
     bool sliced = true;
-    int threads = 1;  // whole products: the sequences' two products formed side by side
+    int threads = 1;  // whole products: their 512-column tiles formed on this many threads
   };
   static constexpr double kMaxGemms = 12.0;
 
   Dots() = default;
   Dots(const Case& k, Options o);
 
-  // Reads one product of sequence b in increasing (or any) token order; holds the block it read
+  // Reads the product of sequence b in increasing (or any) token order; holds the block it read
   // last, so an entry stays valid until the next entry() call on this cursor. Streaming, it forms
   // the next block on a helper thread while the run reads this one (the products are plain double
   // arithmetic, the run's multiprecision stages the rest: the two overlap).
@@ -54,12 +54,11 @@ class Dots {
 
    private:
     friend class Dots;
-    Cursor(const Dots& d, const Case& k, int b, Which w, bool counts)
-        : d_(&d), k_(&k), b_(b), w_(w), counts_(counts) {}
+    Cursor(const Dots& d, const Case& k, int b, bool counts)
+        : d_(&d), k_(&k), b_(b), counts_(counts) {}
     const Dots* d_;
     const Case* k_;
     int b_;
-    Which w_;
     bool counts_;
     int64_t t0_ = 0, t1_ = 0;
     std::shared_ptr<const ExactProduct> block_;
@@ -68,7 +67,7 @@ class Dots {
   };
   // k: the case the products were made for (Dots keeps no pointer to it: cases move). `counts`:
   // this cursor's moves count towards blocks_read() (a run with several threads counts one).
-  Cursor cursor(const Case& k, int b, Which w, bool counts = true) const;
+  Cursor cursor(const Case& k, int b, bool counts = true) const;
 
   // A block that a streaming runner forms ahead on its own threads (ref_explicit_pair), so that
   // no helper thread competes with them: pieces() parts (512-column tiles of the sliced GEMMs;
@@ -81,11 +80,10 @@ class Dots {
 
    private:
     friend class Dots;
-    Pending(const Dots& d, const Case& k, int b, Which w, int64_t t0, int64_t t1);
+    Pending(const Dots& d, const Case& k, int b, int64_t t0, int64_t t1);
     const Dots* d_;
     const Case* k_;
     int b_;
-    Which w_;
     int64_t t0_, t1_;
     const SlicedWeights* sliced_;  // null: extraction, one piece
     int pieces_;
@@ -96,9 +94,9 @@ class Dots {
     std::atomic<int> left_;
     std::atomic<bool> failed_{false};
   };
-  // The block of sequence b's product w from token t0, to be formed by its pieces; null when the
+  // The block of sequence b's product from token t0, to be formed by its pieces; null when the
   // products are not streamed or the block is cached or being formed already.
-  std::shared_ptr<Pending> prefetch(const Case& k, int b, Which w, int64_t t0) const;
+  std::shared_ptr<Pending> prefetch(const Case& k, int b, int64_t t0) const;
   // While one lives, cursors form no blocks ahead on helper threads: the runner prefetches.
   class NoAhead {
    public:
@@ -116,19 +114,19 @@ class Dots {
   void release();
   double seconds() const;  // time spent forming products, over all threads
   // Blocks the runs' cursors have moved to so far (progress: a streamed ref.explicit run reads
-  // each sequence's k0c blocks, then its v blocks, once each).
+  // each sequence's blocks once).
   int64_t blocks_read() const;
   int64_t blocks_per_product() const;  // over the batch: 1 per sequence when whole
   int64_t blocks_formed() const;  // streaming: > blocks in the case when runs did not share them
   bool streaming() const { return block_tokens_ > 0; }
   int64_t block_tokens() const { return block_tokens_; }  // 0 when whole
-  // X.5 slicing of each product (null: extraction), and how the products are formed, for reports.
+  // X.5 slicing of the product (null: extraction), and how it is formed, for reports.
   std::string method() const;
 
  private:
-  using Key = std::tuple<int, int, int64_t>;  // (b, which, first token)
+  using Key = std::pair<int, int64_t>;  // (b, first token)
   using Future = std::shared_future<std::shared_ptr<const ExactProduct>>;
-  std::shared_ptr<const ExactProduct> block(const Case& k, int b, Which w, int64_t t0) const;
+  std::shared_ptr<const ExactProduct> block(const Case& k, int b, int64_t t0) const;
   // Under the lock: the cached (or pending) block of `key`, else `fresh` entered as that block.
   bool find_or_enter(const Key& key, Future& found, const Future& fresh) const;
   void add_time(double seconds, bool formed) const;
@@ -141,7 +139,7 @@ class Dots {
 // The products of a case: whole when the case's exact products (their expansions) fit in
 // `whole_bytes`, streamed by 256-token blocks otherwise. -1: QKMLA_WHOLE_PRODUCTS_MIB from the
 // environment if set (0 streams every case), else 1 GiB (every preset at its default context is
-// formed whole). `threads`: how many products of a case formed whole are formed at once.
+// formed whole). `threads`: the threads that form a case's whole products (tile by tile).
 Dots exact_dots(const Case& k, int64_t whole_bytes = -1, int threads = 1);
 // The bytes of a case's products formed whole, at most (every entry's kLevels inline terms).
 int64_t whole_product_bytes(const Case& k);

@@ -315,6 +315,12 @@ void ExactSum::add_dot(std::span<const Mp> a, std::span<const std::span<const do
   }
 }
 
+void ExactSum::add_scaled(std::span<ExactSum> sums, mpfr_srcptr a, std::span<const double> b) {
+  by_limbs(a, [&](auto n) {
+    for (size_t j = 0; j < b.size(); ++j) sums[j].add_times_terms<n()>(a, b.subspan(j, 1));
+  });
+}
+
 void ExactSum::add_scaled(std::span<ExactSum> sums, const Mp& a,
                           std::span<const std::span<const double>> b) {
   mpfr_srcptr x = a.backend().data();
@@ -323,11 +329,7 @@ void ExactSum::add_scaled(std::span<ExactSum> sums, const Mp& a,
   });
 }
 
-void ExactSum::round(mpfr_ptr out) const {
-  if (special_ != 0) {
-    mpfr_set_d(out, special_, MPFR_RNDN);
-    return;
-  }
+void ExactSum::carried(mpz_t z) const {
   thread_local std::vector<int64_t> d;  // scratch: no allocation per rounding once warm
   thread_local std::vector<mp_limb_t> limbs;
   d.assign(digits_.begin(), digits_.end());
@@ -345,9 +347,32 @@ void ExactSum::round(mpfr_ptr out) const {
     limbs[i] = mp_limb_t(d[2 * i]) | (mp_limb_t(d[2 * i + 1]) << 32);
   auto n = mp_size_t(limbs.size());
   while (n > 0 && limbs[size_t(n - 1)] == 0) --n;
-  mpz_t z;
   mpz_roinit_n(z, limbs.data(), neg ? -n : n);
+}
+
+void ExactSum::round(mpfr_ptr out) const {
+  if (special_ != 0) {
+    mpfr_set_d(out, special_, MPFR_RNDN);
+    return;
+  }
+  mpz_t z;
+  carried(z);
   mpfr_set_z_2exp(out, z, mpfr_exp_t(kDigitBits * base_), MPFR_RNDN);
+}
+
+void ExactSum::value(mpfr_ptr out) const {
+  if (special_ != 0) {
+    mpfr_set_prec(out, 53);
+    mpfr_set_d(out, special_, MPFR_RNDN);
+    return;
+  }
+  mpz_t z;
+  carried(z);
+  // significant bits: from the top set bit down to the lowest set bit (none when zero)
+  const auto bits =
+      mpz_sgn(z) == 0 ? mpfr_prec_t(0) : mpfr_prec_t(mpz_sizeinbase(z, 2) - mpz_scan1(z, 0));
+  mpfr_set_prec(out, std::max<mpfr_prec_t>(bits, MPFR_PREC_MIN));
+  mpfr_set_z_2exp(out, z, mpfr_exp_t(kDigitBits * base_), MPFR_RNDN);  // exact at that precision
 }
 
 }  // namespace qkmla::ref

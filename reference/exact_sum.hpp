@@ -8,6 +8,7 @@
 // carried out, into MPFR by mpfr_set_z_2exp (correctly rounded, to nearest). Non-finite terms make
 // the sum non-finite as double arithmetic would (inf + -inf = NaN).
 #pragma once
+#include <gmp.h>
 #include <mpfr.h>
 
 #include <cstdint>
@@ -37,8 +38,12 @@ class ExactSum {
   void add_dot(std::span<const Mp> a, std::span<const Mp> b);  // += sum_j a_j b_j (a, b one size)
   // sums[j] += a * b_j for every j (sums at least as long as b).
   static void add_scaled(std::span<ExactSum> sums, const Mp& a, std::span<const Mp> b);
+  static void add_scaled(std::span<ExactSum> sums, mpfr_srcptr a, std::span<const double> b);
   // out = the exact sum rounded once to nearest (even) at out's precision; 0 when empty.
   void round(mpfr_ptr out) const;
+  // out = the exact sum itself: out's precision is set to the sum's significant bits (at least
+  // MPFR_PREC_MIN), so nothing rounds (X.8); a non-finite sum as a 53-bit value.
+  void value(mpfr_ptr out) const;
   // Whether anything was dropped: the window keeps 2^15 bits below the largest term's top digit,
   // and terms (or digits) further down are dropped, an absolute error below n * 2^-32000 times the
   // largest term (n terms). It matters only where the terms cancel to within that: the rounded
@@ -61,6 +66,9 @@ class ExactSum {
   // Digit indices [lo, hi) exist; false when the term must be dropped (below the window).
   bool reserve_digits(int64_t lo, int64_t hi);
   void normalize();
+  // The sum carried out as sign and magnitude: z reads this thread's scratch limbs (valid until
+  // the next call on this thread), the value is z * 2^(32 base_).
+  void carried(mpz_t z) const;
 
   std::vector<int64_t> digits_;  // digits_[i]: a signed multiple of 2^(32 (base_ + i))
   int64_t base_ = 0;

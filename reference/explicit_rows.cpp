@@ -82,8 +82,7 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
       scale_(k.cfg.softmax_scale),
       needed_(size_t(k.cfg.groups), 0),
       owned_(size_t(k.cfg.groups), 0),
-      k0c_(d.cursor(k, b, Dots::Which::K0c, counts)),
-      v_(d.cursor(k, b, Dots::Which::V, counts)) {
+      k0c_(d.cursor(k, b, counts)) {
   for (int i = 0; i < c_.s_q; ++i)
     for (int h = h0; h < h1; ++h) ids_.push_back(i * c_.heads + h);
   const size_t n = ids_.size();
@@ -97,11 +96,9 @@ ExplicitRows::ExplicitRows(const Case& k, const Dots& d, int b, const std::vecto
   logits_.resize(n);
   for (PackedMpVec& l : logits_) l.reserve(size_t(T_));
   lse_.resize(n);
-  out_.assign(n, std::vector<ExactSum>(size_t(c_.d_v)));
-  lat_.assign(latent_ ? n * size_t(c_.latent_rank) : 0, ExactSum());
+  lat_.assign(n * size_t(c_.latent_rank), ExactSum());
   seen_.assign(n, 0);
   key_.resize(size_t(c_.d_c));
-  value_.resize(size_t(c_.d_v));
   qg_.resize(n);
   if (c_.norm == NormMode::None) {  // plain MLA: the raw key, no gain
     for (size_t x = 0; x < n; ++x) qg_[x] = rows_[size_t(ids_[x])].qc;
@@ -211,10 +208,10 @@ void ExplicitRows::softmax() {  // E.6; p = exp(logit - lse) is formed again as 
   }
 }
 
-// E.7: out = sum_t p v[t, g(h)], v exact then rounded once, p rounded once, the sum exact (X.6);
-// latent_out likewise with c[t] (doubles, exact): the p of every row for a block of tokens, then
-// those sums by X.4's exact products into the same X.6 sums (one rounding either way, so the bits
-// are those of a term-by-term sum; c[t] is shared by every group, so all rows go at once).
+// E.7 (X.8): out = sum_t p v[t, g(h)] with v = c[t] WV_g exact, evaluated as the same exact value
+// (sum_t p c[t]) WV_g: here the exact sums L = sum_t p c[t] of every row over a block of tokens
+// (X.4 into X.6: p rounded once, its products with c[t] exact); finish() multiplies them by WV
+// exactly and rounds once. L rounded once is latent_out.
 void ExplicitRows::values(int64_t t0, int64_t t1) {
   const Tensor& kv = k_.latent();
   const int64_t r = c_.latent_rank;
@@ -222,32 +219,27 @@ void ExplicitRows::values(int64_t t0, int64_t t1) {
   Mp logit;
   for (int64_t s0 = t0; s0 < t1; s0 += kLatentBlock) {
     const int64_t s1 = std::min(t1, s0 + kLatentBlock);
-    std::vector<MpVec> p(latent_ ? ids_.size() : 0, MpVec(size_t(s1 - s0)));  // [rows][nb]: p_t
-    Mp pt;
-    for (int g = 0; g < c_.groups; ++g) {
-      if (!needed_[size_t(g)]) continue;
+    std::vector<MpVec> p(ids_.size(), MpVec(size_t(s1 - s0)));  // [rows][nb]: p_t, 0 not visible
+    for (size_t x = 0; x < ids_.size(); ++x)
       for (int64_t t = s0; t < s1; ++t) {
-        for (int j = 0; j < c_.d_v; ++j) value_[size_t(j)] = v_.entry(t, g * c_.d_v + j);
-        for (size_t x : by_group_[size_t(g)]) {
-          if (!visible(x, t)) continue;
-          Mp& px = latent_ ? p[x][size_t(t - s0)] : pt;  // 0 where not visible
-          logits_[x].get(seen_[x]++, logit);
-          px = exp(logit - lse_[x]);
-          ExactSum::add_scaled(out_[x], px, value_);  // p times the exact v[t, g], exactly (X.7)
-        }
+        if (!visible(x, t)) continue;
+        logits_[x].get(seen_[x]++, logit);
+        p[x][size_t(t - s0)] = exp(logit - lse_[x]);
       }
-    }
-    if (latent_)
-      add_mp_times_doubles(p, s1 - s0, kv.rows(kv.index({b_, s0, 0}), (s1 - s0) * r, held), r, r,
-                           lat_);
+    add_mp_times_doubles(p, s1 - s0, kv.rows(kv.index({b_, s0, 0}), (s1 - s0) * r, held), r, r,
+                         lat_);
   }
 }
 
 void ExplicitRows::finish() {
   const Mp one = 1;
-  Mp v;
-  for (size_t x = 0; x < out_.size(); ++x) {
+  const Tensor& wv = k_.get("w_uv");  // [r, G d_v]
+  const int64_t r = c_.latent_rank, ld = wv.shape[1];
+  std::vector<ExactSum> out(size_t(c_.d_v));  // [d_v]
+  Mp v, L;
+  for (size_t x = 0; x < ids_.size(); ++x) {
     const int64_t base = int64_t(b_ * c_.s_q * c_.heads + ids_[x]);
+    const int64_t g = c_.group_of(ids_[x] % c_.heads);
     // K.1: the sink scales out (and latent_out); lse is stored without it
     const Mp f = c_.attn_sink ? sink_factor(Mp(k_.sink(ids_[x] % c_.heads)), lse_[x]) : one;
     auto put = [&](const char* name, int64_t flat, const ExactSum& sum) {
@@ -255,10 +247,16 @@ void ExplicitRows::finish() {
       if (c_.attn_sink) v *= f;
       store(o_, name, flat, v);
     };
-    for (int j = 0; j < c_.d_v; ++j) put("out", base * c_.d_v + j, out_[x][size_t(j)]);
-    if (latent_)
-      for (int j = 0; j < c_.latent_rank; ++j)
-        put("latent_out", base * c_.latent_rank + j, lat_[x * size_t(c_.latent_rank) + size_t(j)]);
+    for (ExactSum& o : out) o.clear();
+    for (int64_t l = 0; l < r; ++l) {  // out = L WV_g, every product exact (X.8)
+      const ExactSum& sum = lat_[x * size_t(r) + size_t(l)];
+      if (latent_) put("latent_out", base * r + l, sum);
+      sum.value(L.backend().data());
+      ExactSum::add_scaled(
+          out, L.backend().data(),
+          std::span<const double>(&wv.data[size_t(l * ld + g * c_.d_v)], size_t(c_.d_v)));
+    }
+    for (int j = 0; j < c_.d_v; ++j) put("out", base * c_.d_v + j, out[size_t(j)]);
   }
 }
 

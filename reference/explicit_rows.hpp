@@ -59,13 +59,12 @@ class ExplicitRows {
   Outputs& o_;
   Mp eps_, scale_;
   std::vector<char> needed_, owned_;  // [G]: groups the rows read; groups whose alpha_k we store
-  Dots::Cursor k0c_, v_;
+  Dots::Cursor k0c_;
   std::vector<PackedMpVec> logits_;  // [rows][visible t]: the only per-token state kept (E.5)
   MpVec lse_;                        // [rows]
-  std::vector<std::vector<ExactSum>> out_;  // [rows][d_v]: E.7's sums, exact (X.6)
-  std::vector<ExactSum> lat_;               // [rows * r] (latent_out only)
-  std::vector<size_t> seen_;                // [rows]: logits read back by values()
-  MpVec gain_r_;                            // the rope key gain (exact) [d_r]
+  std::vector<ExactSum> lat_;        // [rows * r]: E.7's sums sum_t p c[t], exact (X.6, X.8)
+  std::vector<size_t> seen_;         // [rows]: logits read back by values()
+  MpVec gain_r_;                     // the rope key gain (exact) [d_r]
   // [rows][d_c]: qc^ ⊙ gamma_k, exact (E.5: the content key's gain moved onto the query, the
   // key's own values never rounded); plain MLA: qc^ itself.
   std::vector<MpVec> qg_;
@@ -75,9 +74,9 @@ class ExplicitRows {
   std::vector<MpVec> rope_;
   MpVec rope_ss_;
   std::vector<MpVec> rope_dot_;
-  // The exact key k0c[t, g] [d_c] and value v[t, g] [d_v] in hand, as expansions (X.7). The
-  // cursor holds a token's block until it moves to another token, so they stay valid for it.
-  std::vector<std::span<const double>> key_, value_;
+  // The exact key k0c[t, g] [d_c] in hand, as expansions (X.7). The cursor holds a token's block
+  // until it moves to another token, so they stay valid for it.
+  std::vector<std::span<const double>> key_;
 };
 
 }  // namespace qkmla::ref

@@ -223,8 +223,7 @@ Outputs ref_absorbed(const Case& k, const Dots& d, Variant v, const Perturbation
                                    ? &alpha_k->per_sequence.at(size_t(b))
                                    : nullptr;
     const CacheRows cache = [&](int64_t t0) -> CacheRow {
-      auto k0c = given ? nullptr
-                       : std::make_shared<Dots::Cursor>(d.cursor(k, b, Dots::Which::K0c, t0 == 0));
+      auto k0c = given ? nullptr : std::make_shared<Dots::Cursor>(d.cursor(k, b, t0 == 0));
       return [&, b, k0c](int64_t t, MpVec& rope, MpVec& ak) {
         cache_row(x, k0c.get(), b, t, gram, given, rope, ak);
         for (int g = 0; g < c.groups; ++g)

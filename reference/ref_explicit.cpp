@@ -131,15 +131,14 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
           [&] { rc = std::make_unique<SequenceRun>(k, d, b, false, shares, check); });
     // The two runs read each block one after the other, so it is formed once for both (S.4); the
     // block after it is formed in the same two phases, by their share tasks.
-    if (auto first = d.prefetch(k, b, Dots::Which::K0c, 0)) {
+    if (auto first = d.prefetch(k, b, 0)) {
       std::vector<std::function<void()>> pieces;
       for (int i = 0; i < first->pieces(); ++i) pieces.push_back([&first, i] { first->run(i); });
       run_parallel(pieces, shares);
     }
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t t1 = std::min(T, t0 + block);
-      const auto ahead =
-          t1 < T ? d.prefetch(k, b, Dots::Which::K0c, t1) : d.prefetch(k, b, Dots::Which::V, 0);
+      const auto ahead = d.prefetch(k, b, t1);  // null after the last block
       timed(bits, p.seconds,
             [&] { rp->each([&](ExplicitRows& r) { r.keys(t0, t1); }, ahead.get(), 0, stride); });
       timed(check_bits, check.seconds, [&] {
@@ -148,17 +147,12 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
     }
     timed(bits, p.seconds, [&] { rp->each([](ExplicitRows& r) { r.softmax(); }); });
     timed(check_bits, check.seconds, [&] { rc->each([](ExplicitRows& r) { r.softmax(); }); });
-    for (int64_t t0 = 0; t0 < T; t0 += block) {
-      const int64_t t1 = std::min(T, t0 + block);
-      const auto ahead =
-          t1 < T ? d.prefetch(k, b, Dots::Which::V, t1)
-                 : (b + 1 < k.cfg.batch ? d.prefetch(k, b + 1, Dots::Which::K0c, 0) : nullptr);
-      timed(bits, p.seconds,
-            [&] { rp->each([&](ExplicitRows& r) { r.values(t0, t1); }, ahead.get(), 0, stride); });
-      timed(check_bits, check.seconds, [&] {
-        rc->each([&](ExplicitRows& r) { r.values(t0, t1); }, ahead.get(), shares, stride);
-      });
-    }
+    // The values read no product (X.8): one phase per run, forming the next sequence's first block.
+    const auto ahead = b + 1 < k.cfg.batch ? d.prefetch(k, b + 1, 0) : nullptr;
+    timed(bits, p.seconds,
+          [&] { rp->each([&](ExplicitRows& r) { r.values(0, T); }, ahead.get(), 0, stride); });
+    timed(check_bits, check.seconds,
+          [&] { rc->each([&](ExplicitRows& r) { r.values(0, T); }, ahead.get(), shares, stride); });
     timed(bits, p.seconds, [&] {
       rp->each([](ExplicitRows& r) { r.finish(); });
       rp.reset();

@@ -1,5 +1,6 @@
 // reference.exact_sum.expansion_*: X.7, values times the exact products' expansions (squares,
-// dots, scaled sums), against MPFR at 6000 bits, where these sums are exact, rounded once at P.
+// dots, scaled sums); reference.exact_sum.value_*: X.8, an exact sum taken out whole and multiplied
+// by doubles. Against MPFR at 6000 bits, where these sums are exact, rounded once at P.
 #include <doctest/doctest.h>
 #include <mpfr.h>
 
@@ -111,6 +112,91 @@ TEST_CASE("reference.exact_sum.expansion_dots_and_scaled_sums") {
         for (size_t j = 0; j < n; ++j) add_exact(want[j].v, a[step].backend().data(), b[j]);
       }
       for (size_t j = 0; j < n; ++j) check_same(sums[j], want[j].v, P);
+    }
+  }
+}
+
+// X.8: value() is the exact sum itself, at the fewest bits that hold it: sums of P-bit values and
+// doubles over +-300 binades, exact cancellations (to zero, and down to a term far below the
+// rest), a single term, non-finite terms.
+TEST_CASE("reference.exact_sum.value_is_the_exact_sum") {
+  const uint64_t seed = test::seed(78);
+  CAPTURE(seed);
+  Rng rng(seed);
+  for (mpfr_prec_t P : {53, 114, 178, 300}) {
+    CAPTURE(P);
+    for (int trial = 0; trial < 60; ++trial) {
+      CAPTURE(trial);
+      ref::ExactSum acc;
+      Mpfr exact(kExactBits), x(P);
+      mpfr_set_zero(exact.v, 1);
+      const int n = trial % 10 == 0 ? 1 : 2 + trial;
+      for (int j = 0; j < n; ++j) {
+        draw(rng, x.v, 300);
+        acc.add(x.v);
+        mpfr_add(exact.v, exact.v, x.v, MPFR_RNDN);
+        const double d = std::ldexp(rng.normal(), int(std::lround(200 * (2 * rng.uniform() - 1))));
+        acc.add(d);
+        mpfr_add_d(exact.v, exact.v, d, MPFR_RNDN);
+      }
+      if (trial % 4 == 1) {  // cancel everything but a term far below it, or everything
+        Mpfr r(kExactBits);
+        acc.value(r.v);
+        mpfr_neg(r.v, r.v, MPFR_RNDN);
+        acc.add(r.v);
+        mpfr_add(exact.v, exact.v, r.v, MPFR_RNDN);
+        if (trial % 8 == 1) {
+          acc.add(std::ldexp(3.0, -700));
+          mpfr_add_d(exact.v, exact.v, std::ldexp(3.0, -700), MPFR_RNDN);
+        }
+      }
+      Mpfr got(2);
+      acc.value(got.v);
+      CHECK(mpfr_cmp(got.v, exact.v) == 0);
+      if (!mpfr_zero_p(exact.v)) CHECK(mpfr_get_prec(got.v) == mpfr_min_prec(exact.v));
+    }
+  }
+  ref::ExactSum inf;
+  inf.add(1.0);
+  inf.add(std::numeric_limits<double>::infinity());
+  Mpfr got(200);
+  inf.value(got.v);
+  CHECK((mpfr_inf_p(got.v) && mpfr_sgn(got.v) > 0));
+}
+
+// X.8: sums[j] += a * w_j for an exact sum's value a (1 to 9 limbs: the inline 2-4-limb paths and
+// the general one) and doubles w_j (zeros, subnormals, signs mixed), rounded once at P.
+TEST_CASE("reference.exact_sum.value_scaled_by_doubles") {
+  const uint64_t seed = test::seed(79);
+  CAPTURE(seed);
+  Rng rng(seed);
+  for (int trial = 0; trial < 80; ++trial) {
+    CAPTURE(trial);
+    ref::ExactSum src;
+    Mpfr x(64 * (1 + trial % 6));
+    for (int j = 0; j < 1 + trial % 5; ++j) {
+      draw(rng, x.v, 10 * (trial % 9));
+      src.add(x.v);
+    }
+    Mpfr a(2);
+    src.value(a.v);
+    const size_t n = 1 + size_t(trial) % 17;
+    std::vector<double> w(n);
+    for (size_t j = 0; j < n; ++j)
+      w[j] = j % 7 == 3 ? 0.0
+             : j % 11 == 5
+                 ? std::numeric_limits<double>::denorm_min() * 5
+                 : std::ldexp(rng.normal(), int(std::lround(300 * (2 * rng.uniform() - 1))));
+    std::vector<ref::ExactSum> sums(n);
+    std::deque<Mpfr> want;
+    for (size_t j = 0; j < n; ++j) {
+      sums[j].add(w[j] * 0.5);  // something there already
+      mpfr_set_d(want.emplace_back(kExactBits).v, w[j] * 0.5, MPFR_RNDN);
+    }
+    ref::ExactSum::add_scaled(sums, a.v, w);
+    for (size_t j = 0; j < n; ++j) {
+      add_exact(want[j].v, a.v, std::span<const double>(&w[j], 1));
+      for (mpfr_prec_t P : {114, 178}) check_same(sums[j], want[j].v, P);
     }
   }
 }

@@ -71,7 +71,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
   std::vector<std::function<void()>> tasks;
   size_t modules = 0;
   for (size_t i : wave) modules += cases[i]->cfg.level == Level::Module ? 1 : 0;
-  const int per_case = threads_per_run(o, modules);  // a lone case forms k0c and v side by side
+  const int per_case = threads_per_run(o, modules);  // a lone case forms k0c's tiles side by side
   for (size_t i : wave)
     if (cases[i]->cfg.level == Level::Module)
       tasks.push_back([&, i, per_case] {
