@@ -159,13 +159,28 @@ void ExplicitRows::token_rope(int64_t t, size_t slot) {
 // dot instead of to each key value: the same value in exact arithmetic, E.5). Unified: the rope
 // part qr^ . Rot(gamma_r ⊙ z) joins the same exact sum, since 1/S scales both parts (U.1).
 void ExplicitRows::group_key(int g, int64_t t, size_t slot) {
-  for (int j = 0; j < c_.d_c; ++j) key_[size_t(j)] = k0c_.entry(t, g * c_.d_c + j);
+  const bool uni = c_.norm == NormMode::Unified;
+  // S.6: the content sum is the same exact value at both precisions only for plain MLA, whose
+  // query is the raw q_nope; a normalized query is rounded at each run's own precision (E.3).
+  const bool plain = c_.norm == NormMode::None;
+  const bool take_content = take_ && plain;
+  if (!take_content)
+    for (int j = 0; j < c_.d_c; ++j) key_[size_t(j)] = k0c_.entry(t, g * c_.d_c + j);
   Mp alpha_k = 1;  // plain MLA: the raw key
-  if (c_.norm != NormMode::None) {
-    ExactSum& ss = scratch_sum();
-    for (const auto& e : key_) ss.add_square(e);
+  if (!plain) {
     Mp sum_sq;
-    ss.round(sum_sq.backend().data());
+    const auto at = [&](KeySums::Sequence* s) { return size_t((t - s->t0) * c_.groups + g); };
+    if (take_) {
+      take_->sum_sq.get(at(take_), sum_sq);
+    } else {
+      ExactSum& ss = scratch_sum();
+      for (const auto& e : key_) ss.add_square(e);
+      ss.round(sum_sq.backend().data());
+      if (give_ && owned_[size_t(g)]) {
+        ss.round(handed_.backend().data());
+        give_->sum_sq.set(at(give_), handed_);
+      }
+    }
     alpha_k = c_.norm == NormMode::Blockwise
                   ? inv_rms(sum_sq, c_.d_c, eps_)                             // E.2
                   : inv_rms(sum_sq + rope_ss_[slot], c_.d_c + c_.d_r, eps_);  // U.1
@@ -174,17 +189,40 @@ void ExplicitRows::group_key(int g, int64_t t, size_t slot) {
     store(o_, "alpha_k", o_.tensors.at("alpha_k").index({b_, t, g}), alpha_k);
     if (keep_) keep_->set(size_t(t * c_.groups + g), alpha_k);
   }
-  const bool uni = c_.norm == NormMode::Unified;
   Mp content;
   for (size_t x : by_group_[size_t(g)]) {
     if (!visible(x, t)) continue;
-    ExactSum& acc = scratch_sum();
-    acc.add_dot(qg_[x], key_);
-    if (uni) acc.add_dot(rows_[size_t(ids_[x])].qr, rope_[slot]);
-    acc.round(content.backend().data());
-    if (c_.norm != NormMode::None) content *= alpha_k;
+    const auto id = size_t(ids_[x]);
+    if (take_content) {
+      take_->content[id].get(take_->read[id]++, content);
+    } else {
+      ExactSum& acc = scratch_sum();
+      acc.add_dot(qg_[x], key_);
+      if (uni) acc.add_dot(rows_[id].qr, rope_[slot]);
+      acc.round(content.backend().data());
+      if (give_ && plain) {
+        acc.round(handed_.backend().data());
+        give_->content[id].push_back(handed_);
+      }
+    }
+    if (!plain) content *= alpha_k;
     logits_[x].push_back(plain_logit(scale_, content, uni ? Mp(0) : rope_dot_[x][slot]));  // E.5
   }
+}
+
+void KeySums::begin_phase(const Case& k, int b, int64_t t0, int64_t t1) {
+  const MlaConfig& c = k.cfg;
+  Sequence& s = per_sequence.at(size_t(b));  // sized by the run, which holds pointers into it
+  s.t0 = t0;
+  s.sum_sq = PackedMpVec(bits);
+  s.sum_sq.resize(size_t((t1 - t0) * c.groups));
+  s.content.assign(size_t(c.s_q * c.heads), PackedMpVec(bits));
+  s.read.assign(size_t(c.s_q * c.heads), 0);
+}
+
+void ExplicitRows::give_sums(KeySums::Sequence* give, int bits) {
+  give_ = give;
+  mpfr_set_prec(handed_.backend().data(), bits);
 }
 
 void ExplicitRows::keys(int64_t t0, int64_t t1) {

@@ -18,6 +18,25 @@ struct AlphaKByToken {
   std::vector<PackedMpVec> per_sequence;  // [B][T_b * G], t * G + g
 };
 
+// S.6: the exact sums of a ref.explicit run at P that do not depend on the run's precision, rounded
+// once more at its check run's, which takes them instead of summing again: each key's sum of
+// squares (E.2: the exact key's own) and, for plain MLA only, each visible row's content sum (E.5:
+// the raw q_nope times the exact key; a normalized query is rounded at each run's precision). Per
+// sequence, for the tokens of one keys phase at a time (the whole sequence, or one block of
+// ref_explicit_pair's).
+struct KeySums {
+  struct Sequence {
+    int64_t t0 = 0;                    // the phase's first token
+    PackedMpVec sum_sq;                // [phase tokens * G]: (t - t0) * G + g, set by g's owner
+    std::vector<PackedMpVec> content;  // [S_q * H][visible tokens of the phase], by row id
+    std::vector<size_t> read;          // [S_q * H]: content values the check run has taken
+  };
+  int bits = 0;                        // the check run's precision
+  std::vector<Sequence> per_sequence;  // [B]
+  // Before the P run's keys phase on tokens [t0, t1) of sequence b: the last phase's sums go.
+  void begin_phase(const Case& k, int b, int64_t t0, int64_t t1);
+};
+
 struct QueryRow {
   MpVec qc, qr;  // qc^ [d_c], qr^ [d_r]
   Mp alpha_q;    // 1 / S^q
@@ -41,6 +60,10 @@ class ExplicitRows {
   void values(int64_t t0, int64_t t1);  // E.7 on tokens [t0, t1), blocks in token order
   void finish();                        // stores out and latent_out (after every values() call)
   void keep_alpha_k(PackedMpVec* into) { keep_ = into; }  // [T * G], sized by the caller
+  // S.6: this run (at P) rounds its key sums into `give` at give's precision too; or this run
+  // (the check) takes them from `take`, each phase after the P run's.
+  void give_sums(KeySums::Sequence* give, int bits);
+  void take_sums(KeySums::Sequence* take) { take_ = take; }
 
  private:
   bool visible(size_t x, int64_t t) const;  // share row x sees token t
@@ -55,6 +78,8 @@ class ExplicitRows {
   int64_t T_;
   const std::vector<QueryRow>& rows_;
   PackedMpVec* keep_ = nullptr;  // the owned groups' alpha_k also go here (may be null)
+  KeySums::Sequence *give_ = nullptr, *take_ = nullptr;  // S.6 (null: neither)
+  Mp handed_;                                            // at give's precision
   bool latent_;
   Outputs& o_;
   Mp eps_, scale_;

@@ -59,11 +59,21 @@ void mul_d(mpfr_ptr y, mpfr_srcptr x, double d) {
   mpfr_mul(y, x, exact_double(d, mpfr_get_prec(y)), MPFR_RNDN);
 }
 
-PrecisionScope::PrecisionScope(int bits) : saved_digits10_(Mp::default_precision()) {
-  // Boost counts decimal digits; pick the smallest digits10 that yields >= bits.
+namespace {
+// Boost counts decimal digits; the smallest digits10 that yields >= bits.
+unsigned digits10_for(int bits) {
   unsigned d10 = 1;
   while (boost::multiprecision::detail::digits10_2_2(d10) < unsigned(bits)) ++d10;
-  Mp::default_precision(d10);
+  return d10;
+}
+}  // namespace
+
+PrecisionScope::PrecisionScope(int bits) : saved_digits10_(Mp::default_precision()) {
+  Mp::default_precision(digits10_for(bits));
+}
+
+int PrecisionScope::effective_bits(int bits) {
+  return int(boost::multiprecision::detail::digits10_2_2(digits10_for(bits)));
 }
 
 PrecisionScope::~PrecisionScope() { Mp::default_precision(saved_digits10_); }
@@ -96,8 +106,10 @@ void split_double(const Mp& x, double& hi, double& lo) {
   lo = Mp(x - hi).convert_to<double>();
 }
 
-PackedMpVec::PackedMpVec()
-    : prec_(PrecisionScope::current_bits()),
+PackedMpVec::PackedMpVec() : PackedMpVec(PrecisionScope::current_bits()) {}
+
+PackedMpVec::PackedMpVec(mpfr_prec_t bits)
+    : prec_(bits),
       limbs_((mpfr_custom_get_size(prec_) + sizeof(mp_limb_t) - 1) / sizeof(mp_limb_t)) {}
 
 void PackedMpVec::reserve(size_t n) {

@@ -19,6 +19,7 @@ class PrecisionScope {
   PrecisionScope(const PrecisionScope&) = delete;
   PrecisionScope& operator=(const PrecisionScope&) = delete;
   static int current_bits();
+  static int effective_bits(int bits);  // the precision a scope asked for `bits` sets
 
  private:
   unsigned saved_digits10_;
@@ -55,10 +56,11 @@ void split_double(const Mp& x, double& hi, double& lo);
 // Values of one precision packed in plain arrays through MPFR's custom interface (significand
 // limbs, exponent and kind per value): ~21 B per 114-bit value instead of ~64 B for a
 // heap-allocated Mp. Values are stored and read back exactly; the precision is the default at
-// construction.
+// construction, or the one given.
 class PackedMpVec {
  public:
   PackedMpVec();
+  explicit PackedMpVec(mpfr_prec_t bits);
   void reserve(size_t n);
   void push_back(const Mp& x);        // rounds if x is more precise than the vector (never here)
   void resize(size_t n);              // new values are zero

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "core/parallel.hpp"
 #include "reference/explicit_rows.hpp"
@@ -40,9 +42,10 @@ struct SequenceRun {
   std::vector<QueryRow> rows;  // [S_q * H]
   std::vector<std::unique_ptr<ExplicitRows>> shares;
 
-  // keep: null, or the runs' alpha_k for sequence b, formed here at the run's precision
+  // links.keep: null, or the runs' alpha_k for sequence b, formed here at the run's precision;
+  // links.give, links.take: S.6's key sums of sequence b, handed to the check run or taken
   SequenceRun(const Case& k, const Dots& d, int b, bool with_latent_out, int n_shares, Outputs& o,
-              AlphaKByToken* keep = nullptr) {
+              const ExplicitLinks& links = {}) {
     const MlaConfig& c = k.cfg;
     const Mp eps = c.eps;
     for (int i = 0; i < c.s_q; ++i)
@@ -54,10 +57,21 @@ struct SequenceRun {
       shares.push_back(std::make_unique<ExplicitRows>(k, d, b, rows, c.heads * s / n_shares,
                                                       c.heads * (s + 1) / n_shares, with_latent_out,
                                                       s == 0, o));
-    if (keep) {
-      PackedMpVec& into = keep->per_sequence.emplace_back();
+    if (links.keep) {
+      PackedMpVec& into = links.keep->per_sequence.emplace_back();
       into.resize(size_t(c.seqlens[size_t(b)] * c.groups));
       for (auto& s : shares) s->keep_alpha_k(&into);
+    }
+    if (KeySums* g = links.give) {
+      g->per_sequence.resize(size_t(c.batch));
+      for (auto& s : shares) s->give_sums(&g->per_sequence[size_t(b)], g->bits);
+    }
+    if (KeySums* t = links.take) {
+      if (t->bits != PrecisionScope::current_bits())
+        throw std::logic_error("S.6: key sums handed at " + std::to_string(t->bits) +
+                               " bits to a run at " +
+                               std::to_string(PrecisionScope::current_bits()));
+      for (auto& s : shares) s->take_sums(&t->per_sequence.at(size_t(b)));
     }
   }
   SequenceRun(const SequenceRun&) = delete;  // the shares hold a reference to rows
@@ -92,21 +106,31 @@ void AlphaKByTokenFree::operator()(AlphaKByToken* a) const { delete a; }
 
 KeptAlphaK new_kept_alpha_k() { return KeptAlphaK(new AlphaKByToken); }
 
+void KeySumsFree::operator()(KeySums* s) const { delete s; }
+
+KeptKeySums new_key_sums(int check_bits) {
+  KeptKeySums s(new KeySums);
+  s->bits = PrecisionScope::effective_bits(check_bits);
+  return s;
+}
+
 Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int threads,
-                     AlphaKByToken* keep) {
+                     const ExplicitLinks& links) {
   const auto start = Clock::now();
   Outputs o = begin_outputs(k, with_latent_out);
   const int shares = share_count(k, threads);
-  if (keep) keep->per_sequence.clear();
+  if (links.keep) links.keep->per_sequence.clear();
   for (int b = 0; b < k.cfg.batch; ++b) {
     const int64_t T = k.cfg.seqlens[size_t(b)];
-    SequenceRun run(k, d, b, with_latent_out, shares, o, keep);
+    SequenceRun run(k, d, b, with_latent_out, shares, o, links);
+    if (links.give) links.give->begin_phase(k, b, 0, T);  // one phase: the whole sequence
     run.each([T](ExplicitRows& r) {
       r.keys(0, T);
       r.softmax();
       r.values(0, T);
       r.finish();
     });
+    if (links.take) links.take->per_sequence[size_t(b)] = {};  // taken: its memory goes
   }
   end_outputs(k, o);
   o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -118,6 +142,7 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
                                               AlphaKByToken* keep) {
   Outputs p = begin_outputs(k, with_latent_out), check = begin_outputs(k, false);
   if (keep) keep->per_sequence.clear();
+  const KeptKeySums sums = new_key_sums(check_bits);  // S.6, a block at a time
   const int shares = share_count(k, threads);
   const Dots::NoAhead no_ahead(d);  // the phases form the next block themselves
   const int stride = 2 * shares;    // share tasks per block: the P run's, then the check's
@@ -125,10 +150,14 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
     const int64_t T = k.cfg.seqlens[size_t(b)];
     const int64_t block = d.streaming() ? d.block_tokens() : std::max<int64_t>(T, 1);
     std::unique_ptr<SequenceRun> rp, rc;
-    timed(bits, p.seconds,
-          [&] { rp = std::make_unique<SequenceRun>(k, d, b, with_latent_out, shares, p, keep); });
-    timed(check_bits, check.seconds,
-          [&] { rc = std::make_unique<SequenceRun>(k, d, b, false, shares, check); });
+    timed(bits, p.seconds, [&] {
+      rp = std::make_unique<SequenceRun>(k, d, b, with_latent_out, shares, p,
+                                         ExplicitLinks{keep, sums.get(), nullptr});
+    });
+    timed(check_bits, check.seconds, [&] {
+      rc = std::make_unique<SequenceRun>(k, d, b, false, shares, check,
+                                         ExplicitLinks{nullptr, nullptr, sums.get()});
+    });
     // The two runs read each block one after the other, so it is formed once for both (S.4); the
     // block after it is formed in the same two phases, by their share tasks.
     if (auto first = d.prefetch(k, b, 0)) {
@@ -139,6 +168,7 @@ std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool
     for (int64_t t0 = 0; t0 < T; t0 += block) {
       const int64_t t1 = std::min(T, t0 + block);
       const auto ahead = d.prefetch(k, b, t1);  // null after the last block
+      sums->begin_phase(k, b, t0, t1);          // the check has taken the last block's
       timed(bits, p.seconds,
             [&] { rp->each([&](ExplicitRows& r) { r.keys(t0, t1); }, ahead.get(), 0, stride); });
       timed(check_bits, check.seconds, [&] {

@@ -26,15 +26,32 @@ struct AlphaKByTokenFree {
 using KeptAlphaK = std::unique_ptr<AlphaKByToken, AlphaKByTokenFree>;
 KeptAlphaK new_kept_alpha_k();
 
+// S.6: the exact sums of a ref.explicit run at P that do not depend on its precision (each key's
+// sum of squares; plain MLA's content sums), rounded once more at its check run's precision
+// `check_bits` (opaque here: reference/explicit_rows.hpp). The check run takes them instead of
+// summing again: the values it would form, since both runs sum the same exact terms.
+struct KeySums;
+struct KeySumsFree {
+  void operator()(KeySums* s) const;
+};
+using KeptKeySums = std::unique_ptr<KeySums, KeySumsFree>;
+KeptKeySums new_key_sums(int check_bits);
+
+// What a ref.explicit run hands on or takes (each may be null).
+struct ExplicitLinks {
+  AlphaKByToken* keep = nullptr;  // filled with the run's alpha_k (for ref.absorbed at P)
+  KeySums* give = nullptr;        // a P run: filled with its key sums (S.6)
+  KeySums* take = nullptr;        // a check run: the P run's key sums, filled before (S.6)
+};
+
 // Outputs: out, lse, alpha_q, alpha_k and (if asked) latent_out, with `lo` remainders. `threads`
 // share the query rows (the same bits for any count); all of them run at the caller's precision.
-// `keep` (may be null): filled with the run's alpha_k.
 Outputs ref_explicit(const Case& k, const Dots& d, bool with_latent_out, int threads = 1,
-                     AlphaKByToken* keep = nullptr);
+                     const ExplicitLinks& links = {});
 // ref.explicit at `bits` and its check at `check_bits` (no latent_out), taking turns block by block
-// so that streamed products are formed once for both (proofs/reference.md, S.4); the same bits as
-// two ref_explicit calls. Sets the precision itself (the caller must not hold a PrecisionScope that
-// other threads rely on).
+// so that streamed products are formed once for both (proofs/reference.md, S.4) and the check takes
+// the P run's key sums (S.6); the same bits as two ref_explicit calls. Sets the precision itself
+// (the caller must not hold a PrecisionScope that other threads rely on).
 std::pair<Outputs, Outputs> ref_explicit_pair(const Case& k, const Dots& d, bool with_latent_out,
                                               int bits, int check_bits, int threads,
                                               AlphaKByToken* keep = nullptr);  // the P run's

@@ -274,7 +274,7 @@ TEST_CASE("reference.absorbed.explicit_alpha_k_gives_the_same_bits") {
         const ref::KeptAlphaK kept = ref::new_kept_alpha_k(), paired = ref::new_kept_alpha_k();
         ref::ref_explicit_pair(k, ref::Dots(k, {64, 4}), false, bits, bits + 64, 2, paired.get());
         const ref::PrecisionScope scope(bits);
-        const Outputs ex = ref::ref_explicit(k, whole, false, 2, kept.get());
+        const Outputs ex = ref::ref_explicit(k, whole, false, 2, {kept.get()});
         const Outputs own = ref::ref_absorbed(k, whole);
         check_identical(own, ref::ref_absorbed(k, whole, Variant::Default, {}, 2, kept.get()));
         check_identical(own, ref::ref_absorbed(k, whole, Variant::Default, {}, 1, paired.get()));

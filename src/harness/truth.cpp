@@ -20,11 +20,12 @@ const Outputs* Truth::of(const std::string& tensor) const {
 
 namespace {
 
-// `keep` (may be null): the P run keeps its alpha_k for ref.absorbed (module level only).
+// `links`: the P run keeps its alpha_k for ref.absorbed and its key sums for the check run, which
+// takes them (module level only).
 Outputs reference_run(const Case& k, const ref::Dots& d, bool latent_out, int threads,
-                      ref::AlphaKByToken* keep = nullptr) {
+                      const ref::ExplicitLinks& links = {}) {
   return k.cfg.level == Level::Kernel ? ref::ref_kernel(k)
-                                      : ref::ref_explicit(k, d, latent_out, threads, keep);
+                                      : ref::ref_explicit(k, d, latent_out, threads, links);
 }
 
 // ref.absorbed at the current precision P, taking ref.explicit's alpha_k (null: its own).
@@ -64,7 +65,8 @@ Fillers* filling(const std::vector<std::function<void()>>& tasks, const TruthOpt
 // The products, the P runs and the check runs of the cases `wave` (indices into cases), one phase
 // after another; cases whose products stream are left for ref_explicit_pair (and their
 // ref.absorbed, which takes the pair's alpha_k, for after it). At P, ref.explicit runs first and
-// keeps its alpha_k in `kept`, then ref.absorbed takes them instead of forming the keys again.
+// keeps its alpha_k in `kept`, then ref.absorbed takes them instead of forming the keys again; the
+// check runs take the P runs' key sums (S.6).
 void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& wave,
               const TruthOptions& o, std::vector<Truth>& truths, std::vector<ref::KeptAlphaK>& kept,
               Fillers& fillers) {
@@ -81,6 +83,7 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
   run_parallel(tasks, o.threads, filling(tasks, o, fillers));
   auto paired = [&](size_t i) { return streams(*cases[i], truths[i]); };
   const int check_bits = o.check_bits ? o.check_bits : o.bits + 64;
+  std::vector<ref::KeptKeySums> sums(cases.size());  // S.6: the P runs' key sums, for the checks
   {
     ref::PrecisionScope scope(o.bits);
     auto absorbs = [&](size_t i) { return o.absorbed && cases[i]->cfg.level == Level::Module; };
@@ -91,11 +94,12 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
     for (size_t i : wave) {
       truths[i].bits = ref::PrecisionScope::current_bits();
       if (absorbs(i)) kept[i] = ref::new_kept_alpha_k();
-      if (!paired(i))
-        tasks.push_back([&, i, share] {
-          truths[i].explicit_p =
-              reference_run(*cases[i], truths[i].dots, o.latent_out, share, kept[i].get());
-        });
+      if (paired(i)) continue;
+      if (cases[i]->cfg.level == Level::Module) sums[i] = ref::new_key_sums(check_bits);
+      tasks.push_back([&, i, share] {
+        truths[i].explicit_p = reference_run(*cases[i], truths[i].dots, o.latent_out, share,
+                                             {kept[i].get(), sums[i].get(), nullptr});
+      });
     }
     run_parallel(tasks, o.threads, filling(tasks, o, fillers));
     tasks.clear();
@@ -119,7 +123,9 @@ void run_wave(const std::vector<const Case*>& cases, const std::vector<size_t>& 
     truths[i].check_bits = ref::PrecisionScope::current_bits();
     if (!paired(i))
       tasks.push_back([&, i, share] {
-        truths[i].check = reference_run(*cases[i], truths[i].dots, false, share);
+        truths[i].check = reference_run(*cases[i], truths[i].dots, false, share,
+                                        {nullptr, nullptr, sums[i].get()});
+        sums[i].reset();
       });
   }
   run_parallel(tasks, o.threads, filling(tasks, o, fillers));
