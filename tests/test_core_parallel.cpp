@@ -55,6 +55,22 @@ TEST_CASE("core.parallel.fillers_run_once_each_on_threads_a_phase_leaves_idle") 
   for (const auto& r : runs) CHECK(r == 1);  // exactly once each, whoever ran it
 }
 
+// A worker whose phase ended keeps taking fillers while another worker is still in one, instead
+// of waiting idle for it: the long filler here returns only once the others have run.
+TEST_CASE("core.parallel.a_phase_ends_with_no_thread_idle_behind_a_filler") {
+  std::atomic<int> long_started{0}, others{0};
+  bool saw_others = false;
+  Fillers fillers({[&] {
+                     ++long_started;
+                     saw_others = wait_for(others, 2);
+                   },
+                   [&] { ++others; }, [&] { ++others; }});
+  // the phase's one task ends only after the other worker has taken the long filler
+  run_parallel({[&] { wait_for(long_started, 1); }}, 2, &fillers);
+  CHECK(saw_others);  // the task's worker ran the other two fillers during the phase
+  CHECK(others == 2);
+}
+
 TEST_CASE("core.parallel.a_failing_filler_fails_the_phase_after_every_thread_stopped") {
   std::atomic<int> done{0};
   Fillers fillers({[] { throw std::runtime_error("filler failed"); }, [&] { ++done; }});

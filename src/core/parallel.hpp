@@ -21,8 +21,9 @@ inline std::vector<void (*)()>& thread_exit_hooks() {
 
 // Tasks with no order among them that may run in any phase of run_parallel calls that share this
 // queue, on threads the phase would otherwise leave idle: a worker that finds no task of its phase
-// left takes one filler while another worker still runs a task of that phase. What the phases
-// leave of them runs in run_rest(). They must not depend on any phase's state (e.g. MPFR's global
+// left takes fillers while another worker still runs a task of that phase or a filler (a worker
+// that stopped at its phase's end would wait idle for the other's filler). What the phases leave
+// of them runs in run_rest(). They must not depend on any phase's state (e.g. MPFR's global
 // default precision, which phases of the reference set).
 class Fillers {
  public:
@@ -47,7 +48,8 @@ class Fillers {
 inline void run_parallel(const std::vector<std::function<void()>>& tasks, int threads,
                          Fillers* fillers = nullptr) {
   std::atomic<size_t> next{0};
-  std::atomic<int> busy{0};  // workers running (or about to take) a task of this phase
+  std::atomic<int> busy{0};     // workers running (or about to take) a task of this phase
+  std::atomic<int> filling{0};  // workers running a filler
   std::exception_ptr error;
   std::mutex error_mutex;
   auto guarded = [&](const std::function<bool()>& f) {
@@ -67,7 +69,11 @@ inline void run_parallel(const std::vector<std::function<void()>>& tasks, int th
         return true;
       });
     --busy;
-    while (fillers && busy > 0 && guarded([&] { return fillers->run_one(); })) {
+    while (fillers && (busy > 0 || filling > 0)) {
+      ++filling;
+      const bool ran = guarded([&] { return fillers->run_one(); });
+      --filling;
+      if (!ran) break;
     }
   };
   std::vector<std::thread> pool;
