@@ -16,10 +16,10 @@ namespace {
 
 double padded_tokens(const MlaConfig& c) { return double(c.batch) * double(c.max_seqlen() + 2); }
 
-// The exact products' share of case_peak_bytes.
+// The exact products' share of case_peak_bytes: the key product only (X.8: no value product).
 double product_peak_bytes(const MlaConfig& c) {
   const double tokens = padded_tokens(c);
-  const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
+  const double elems = double(c.groups) * double(c.d_c);  // key per token
   const double whole = tokens * elems * 32.0;
   return whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
 }
@@ -34,14 +34,16 @@ double product_peak_bytes(const MlaConfig& c) {
 //   1.39 GB, 262144: 3.25 / 4.69 GB; tiny batch 200, 400 x 512: 306 / 482 MB, 606 / 900 MB;
 //   deepseek-v3 256, 512: 775 / 839 MB, 1065 / 1141 MB; paper-g1 16384: 441 / 481 MB.
 // Terms: the exact products (32 B per key/value element, + 3 B while forming them) whole up to
-// 1 GiB, else 5 blocks of 256 tokens; ~28 B per weight element (the case's, the implementations'
-// converted and the sliced copies); per token the case and the implementations' latent caches
-// (16 B per latent and rope value), two one-group explicit caches (16 B per element of
-// d_c + d_r + d_v) and G statistics; ~120 B per query row x token (the references' packed logits
+// 1 GiB, else 5 blocks of 256 tokens (since X.8 the key product only, and ~150 B for each of
+// ref.explicit's S_q H r exact sums of E.7); ~28 B per weight element (the case's, the
+// implementations' converted and the sliced copies); per token the case and the implementations'
+// latent caches (16 B per latent and rope value), two one-group explicit caches (16 B per element
+// of d_c + d_r + d_v) and G statistics; ~120 B per query row x token (the references' packed logits
 // at two precisions and ref.absorbed's rope scores and logits). Held-out shapes (not fitted):
 // see reports/memory-model.md. The constant was 64 MB; a run with no work peaks at 9 MB and the
-// tiny batch 60 x 512 shape at 62 MB (b6b309c and later): 32 MB keeps that shape's estimate within
-// the 3x the tests check, with every held-out shape still bounded (reports/memory-model.md).
+// tiny batch 60 x 512 shape at 62 MB (b6b309c and later), 41 MB without the value product (X.8):
+// 24 MB keeps that shape's estimate within the 3x the tests check (2.85x), with every held-out
+// shape still bounded (reports/memory-model.md).
 double case_peak_bytes(const MlaConfig& c) {
   const double tokens = padded_tokens(c);
   const double elems = double(c.groups) * double(c.d_c + c.d_v);  // key/value per token
@@ -50,8 +52,8 @@ double case_peak_bytes(const MlaConfig& c) {
       16.0 * (c.latent_rank + c.d_r) + 16.0 * (c.d_c + c.d_r + c.d_v) + 32.0 * c.groups;
   const double weights = double(c.latent_rank) * elems;
   const double rows = double(c.batch) * c.s_q * c.heads;
-  return 32e6 + 28.0 * weights + products + tokens * per_token +
-         rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) +
+  return 24e6 + 28.0 * weights + products + tokens * per_token +
+         rows * 8.0 * (c.latent_rank + c.d_r + c.d_v) + rows * 150.0 * c.latent_rank +
          rows * tokens / std::max(1, c.batch) * 120.0;
 }
 
