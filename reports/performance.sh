@@ -6,8 +6,9 @@
 # (~10 min). Goals (issue "Speed"): default report <= 10 s, gate <= 20 s, 256k bf16 report
 # <= 120 s and <= 2 GB, test command <= 10 min.
 # The limit column: the machine's floor for the row's arithmetic, where one applies. The exact
-# key/value products are the reference's only work that scales as a GEMM: tokens x G x (d_c + d_v)
-# x r multiply-adds per profile (the count `qkmla reference` prints), at the fp64 FMA rate measured
+# key product is the reference's only work that scales as a GEMM: tokens x G x d_c x r
+# multiply-adds per profile (the count `qkmla reference` prints; no value product since X.8,
+# proofs/reference.md), at the fp64 FMA rate measured
 # here on the same threads; wall / limit says how far above that floor a row runs. The gate's
 # thousands of small cases are bounded by their long-double error-bound runs, and an audit by its
 # yardstick designs' runs in several summation orders, not by one GEMM: no limit is given there.
@@ -31,7 +32,7 @@ machine="$(nproc) cores, $cpu, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}
 rows=()
 rate=$("$q" reference --preset tiny --seqlen 64 2>&1 | grep -o 'fp64 FMA rate [0-9.e+]*/s' | head -1 || true)
 fma=$(echo "$rate" | grep -o '[0-9.]*e+[0-9]*' || true)
-# Multiply-adds of the exact products: profiles x tokens x G x (d_c + d_v) x r.
+# Multiply-adds of the exact key products: profiles x tokens x G x d_c x r.
 macs() { awk -v p="$1" -v t="$2" -v g="$3" -v d="$4" -v r="$5" 'BEGIN {printf "%.4g", p * t * g * d * r}'; }
 # One timed command: wall seconds and peak RSS from GNU time; MACS (or "") for the limit column.
 measure() {
@@ -46,11 +47,11 @@ measure() {
     limit=$(awk -v m="$m" -v f="$fma" -v w="$wall" \
       'BEGIN {printf "%.2f s: %.3g exact MACs at the fp64 FMA rate (wall %.0fx the limit)", m / f, m, w / (m / f)}')
   fi
-  rows+=("| $what | $wall s | $(awk -v k="$kb" 'BEGIN {printf "%.2f GB", k/1048576}') | $limit | $goal |")
+  rows+=("| $what | $wall s | $(awk -v k="$kb" 'BEGIN {printf "%.2f GiB", k/1048576}') | $limit | $goal |")
   echo "$what: $wall s, $kb kB" >&2
 }
-# paper-decode: G 16, d_c + d_v 256, r 512; paper-g8: G 8 (qkmla presets).
-measure "default report (\`qkmla report\`)" "≤ 10 s" "$(macs 5 4096 16 256 512)" "$q" report -o "$work/r.html"
+# paper-decode: G 16, d_c 128, r 512; paper-g8: G 8 (qkmla presets).
+measure "default report (\`qkmla report\`)" "≤ 10 s" "$(macs 5 4096 16 128 512)" "$q" report -o "$work/r.html"
 measure "default gate (\`qkmla gate\`)" "≤ 20 s" "" "$q" gate -o "$work/g.xml"
 "$q" golden --preset paper-g8 --seqlen 4096 --profile bf16 -o "$work/case.safetensors" > /dev/null
 # The outputs audited: the reference's own out (rounded to bf16) and lse, written with numpy.
@@ -67,7 +68,7 @@ PY
   measure "audit of a paper-g8 bf16 case, 4096 tokens" "–" "" "$q" audit "$work/case.safetensors" "$work/outs.safetensors" --no-diagnose
 fi
 if [ "$long" = 1 ]; then
-  measure "bf16 report at 262144 tokens" "≤ 120 s, ≤ 2 GB" "$(macs 1 262144 16 256 512)" "$q" report --profile bf16 --seqlen 262144 -o "$work/long.html"
+  measure "bf16 report at 262144 tokens" "≤ 120 s, ≤ 2 GB" "$(macs 1 262144 16 128 512)" "$q" report --profile bf16 --seqlen 262144 -o "$work/long.html"
 fi
 if [ "$fresh" = 1 ]; then
   git clone -q . "$work/clone"
