@@ -43,35 +43,6 @@ void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t w
 
 namespace {
 
-// A finite double's biased exponent field and 52-bit significand field (no libm calls: the sliced
-// products take these for every operand). x is the significand field times 2^-1074 when the
-// exponent field is 0 (subnormal), else (significand + 2^52) times 2^(field - 1075).
-struct Fields {
-  int exponent;
-  uint64_t significand;
-};
-
-Fields fields_of(double x) {
-  const auto bits = std::bit_cast<uint64_t>(x);
-  return {int((bits >> 52) & 0x7ff), bits & ((uint64_t(1) << 52) - 1)};
-}
-
-}  // namespace
-
-int trailing_exponent(double x) {
-  const Fields f = fields_of(x);
-  if (f.exponent == 0) return -1074 + __builtin_ctzll(f.significand);
-  return f.exponent - 1075 + __builtin_ctzll(f.significand | (uint64_t(1) << 52));
-}
-
-int top_exponent(double x) {
-  const Fields f = fields_of(x);
-  if (f.exponent == 0) return -1074 + (64 - __builtin_clzll(f.significand));
-  return f.exponent - 1022;
-}
-
-namespace {
-
 // Expanded operands: A'' [m, n*parts^2] and B'' [n*parts^2, k] such that every product of
 // matching entries is exact and the dot products are unchanged.
 struct Expanded {

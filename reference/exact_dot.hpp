@@ -6,6 +6,7 @@
 // power-of-two grids (X.2). Nothing is rounded: the reference rounds the expansion once, into its
 // own precision (X.3), so its two-precision agreement check sees every rounding it makes.
 #pragma once
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -69,10 +70,24 @@ class ExactProduct {
 // is finite and zero or of magnitude in [2^-400, 2^400]; `what` names the operand.
 void check_exact_range(const double* p, int64_t count, int64_t stride, int64_t width,
                        const char* what);
-// Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result.
-int trailing_exponent(double x);
+// Exponent of the lowest set bit of x (x finite, nonzero): x is an odd multiple of 2^result. From
+// the bits, inline (no libm call: the sliced products take it for every operand): x is the
+// significand field times 2^-1074 when the exponent field is 0 (subnormal), else (significand +
+// 2^52) times 2^(field - 1075).
+inline int trailing_exponent(double x) {
+  const auto bits = std::bit_cast<uint64_t>(x);
+  const int field = int((bits >> 52) & 0x7ff);
+  const uint64_t sig = bits & ((uint64_t(1) << 52) - 1);
+  if (field == 0) return -1074 + __builtin_ctzll(sig);
+  return field - 1075 + __builtin_ctzll(sig | (uint64_t(1) << 52));
+}
 // The smallest e with |x| < 2^e (ilogb(x) + 1) for finite nonzero x, from the bits.
-int top_exponent(double x);
+inline int top_exponent(double x) {
+  const auto bits = std::bit_cast<uint64_t>(x);
+  const int field = int((bits >> 52) & 0x7ff);
+  if (field == 0) return -1074 + (64 - __builtin_clzll(bits & ((uint64_t(1) << 52) - 1)));
+  return field - 1022;
+}
 
 // C[i, j] = sum_l A[i*lda + l] * B[l*ldb + j], i < m, l < n, j < k. All inputs finite and either
 // zero or of magnitude in [2^-400, 2^400] (checked: throws std::domain_error), so that no split

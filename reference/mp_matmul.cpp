@@ -3,8 +3,31 @@
 #include <climits>
 
 #include "reference/exact_sum.hpp"
+#include "reference/sliced_product.hpp"
 
 namespace qkmla::ref {
+
+namespace {
+
+constexpr double kSlicedMaxGemms = 12.0;
+
+// X [m, n] times D [n, cols] exactly: by X.5's sliced GEMMs where their plan costs at most
+// Dots::kMaxGemms per chunk, by X.1-X.2's extraction otherwise. The callers sum the entries'
+// terms exactly (X.6), so either way gives the same sums.
+ExactProduct exact_product(const double* X, int64_t m, int64_t n, const double* D, int64_t ld,
+                           int64_t cols, const WholeB* whole) {
+  if (m > 0 && n > 0 && cols > 0) {
+    try {
+      const Slicing plan = plan_slicing(row_spans(X, n, m, n), col_spans(D, ld, n, cols), n);
+      if (plan.gemms_per_chunk <= kSlicedMaxGemms)
+        return sliced_matmul(X, n, m, SlicedWeights(D, ld, n, cols, plan));
+    } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
+    }
+  }
+  return exact_matmul(X, n, m, n, D, ld, cols, whole);
+}
+
+}  // namespace
 
 void add_mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* D, int64_t ld,
                           int64_t cols, std::vector<ExactSum>& sums, const WholeB* whole) {
@@ -39,7 +62,7 @@ void add_mp_times_doubles(const std::vector<MpVec>& x, int64_t n, const double* 
       for (int p = 0; p < parts; ++p) X[size_t((i * parts + p) * n + l)] = tmp[size_t(p)];
     }
   }
-  const ExactProduct C = exact_matmul(X.data(), n, rows * parts, n, D, ld, cols, whole);
+  const ExactProduct C = exact_product(X.data(), rows * parts, n, D, ld, cols, whole);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
       ExactSum& acc = sums[size_t(i * cols + j)];

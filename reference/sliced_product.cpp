@@ -246,15 +246,38 @@ SlicedWeights::SlicedWeights(const double* B, int64_t ldb, int64_t n_, int64_t k
   whole.resize(size_t(n * k));
   rest.resize(size_t(k));
   for (int64_t l = 0; l < n; ++l) std::copy_n(B + l * ldb, k, whole.data() + l * k);
-  std::vector<double> column(size_t(s.slices_b * n));
+  // slice()'s arithmetic on each column, in B's row order (a column's stride would miss the cache
+  // on every element): each column's top exponent and span first, then every value cut on its
+  // column's grids; a column's remainders still come in increasing row order.
+  std::vector<int> top(size_t(k), std::numeric_limits<int>::min()),
+      low(size_t(k), std::numeric_limits<int>::max()), count(size_t(k), 0);
+  for (int64_t l = 0; l < n; ++l)
+    for (int64_t j = 0; j < k; ++j)
+      if (const double v = B[l * ldb + j]; v != 0) {
+        top[size_t(j)] = std::max(top[size_t(j)], top_exponent(v));
+        low[size_t(j)] = std::min(low[size_t(j)], trailing_exponent(v));
+      }
+  const auto S = size_t(s.slices_b);
+  std::vector<double> down(size_t(k) * S), up(size_t(k) * S);  // [k][slices]
   for (int64_t j = 0; j < k; ++j) {
-    const Bits b = bits_of(B + j, n, ldb);
-    const int count = std::min(slices_for(b.span, s.beta_b), s.slices_b);
-    slice(B + j, n, ldb, b.top, s.beta_b, count, column.data(), n, 1, &rest[size_t(j)]);
-    for (int t = 0; t < count; ++t)
-      for (int64_t l = 0; l < n; ++l)
-        slices[size_t(t)][size_t(l * k + j)] = column[size_t(t * n + l)];
+    if (low[size_t(j)] == std::numeric_limits<int>::max()) continue;  // all zero: no slices
+    count[size_t(j)] = std::min(slices_for(top[size_t(j)] - low[size_t(j)], s.beta_b), s.slices_b);
+    for (int t = 0; t < count[size_t(j)]; ++t) {
+      down[size_t(j) * S + size_t(t)] = std::ldexp(1.0, s.beta_b * (t + 1) - top[size_t(j)]);
+      up[size_t(j) * S + size_t(t)] = std::ldexp(1.0, top[size_t(j)] - s.beta_b * (t + 1));
+    }
   }
+  for (int64_t l = 0; l < n; ++l)
+    for (int64_t j = 0; j < k; ++j) {
+      double r = B[l * ldb + j];
+      for (int t = 0; t < count[size_t(j)]; ++t) {
+        const double piece =
+            std::trunc(r * down[size_t(j) * S + size_t(t)]) * up[size_t(j) * S + size_t(t)];
+        slices[size_t(t)][size_t(l * k + j)] = piece;
+        r -= piece;
+      }
+      if (r != 0) rest[size_t(j)].push_back({int32_t(l), r});
+    }
 }
 
 SlicedProduct::SlicedProduct(const double* A, int64_t lda, int64_t m, const SlicedWeights& W)
