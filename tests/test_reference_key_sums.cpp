@@ -7,32 +7,12 @@
 #include <stdexcept>
 
 #include "helpers.hpp"
+#include "outputs_helpers.hpp"
 #include "reference/mp.hpp"
 #include "reference/reference.hpp"
 
 using namespace qkmla;
-
-namespace {
-
-// Every element of every tensor, hi and lo, bit for bit (NaN equal to NaN).
-void check_identical(const Outputs& a, const Outputs& b) {
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    CAPTURE(name);
-    REQUIRE(b.tensors.count(name));
-    const auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
-      size_t differ = 0;
-      for (size_t i = 0; i < x.size(); ++i)
-        differ += !(x[i] == y[i] || (x[i] != x[i] && y[i] != y[i]));
-      return differ;
-    };
-    REQUIRE(t.data.size() == b.tensors.at(name).data.size());
-    CHECK(same(t.data, b.tensors.at(name).data) == 0);
-    if (a.lo.count(name)) CHECK(same(a.lo.at(name).data, b.lo.at(name).data) == 0);
-  }
-}
-
-}  // namespace
+using test::check_identical;
 
 TEST_CASE("reference.explicit.key_sums_give_the_check_its_own_bits") {
   const uint64_t s = test::seed(1213);
