@@ -20,8 +20,10 @@ double padded_tokens(const MlaConfig& c) { return double(c.batch) * double(c.max
 double product_peak_bytes(const MlaConfig& c) {
   const double tokens = padded_tokens(c);
   const double elems = double(c.groups) * double(c.d_c);  // key per token
-  const double whole = tokens * elems * 32.0;
-  return whole <= double(int64_t(1) << 30) ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+  // whole or streamed as exact_dots decides it (on the exact token count: a shape whose products
+  // are exactly 1 GiB is formed whole)
+  const bool whole = ref::whole_product_bytes(c) <= int64_t(1) << 30;
+  return whole ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
 }
 
 }  // namespace
