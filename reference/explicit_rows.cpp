@@ -51,12 +51,12 @@ QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps) {
 
 namespace {
 
-// Tokens of a block processed together: per group, their keys and values are formed one after
-// another, so a group's query and output rows stay in cache (MPFR values are scattered on the
-// heap; this order measured ~5 % faster per run than token by token over every group). The order
-// of the operations on each value is unchanged, so the bits are too.
+// Tokens of a block processed together: per group, their keys are formed one after another, so a
+// group's query rows stay in cache (MPFR values are scattered on the heap; this order measured ~5 %
+// faster per run than token by token over every group). The order of the operations on each value
+// is unchanged, so the bits are too.
 constexpr int64_t kChunk = 64;
-// Tokens whose p enter latent_out's exact products (X.4) together: 256, as A.5 takes them.
+// Tokens whose p enter E.7's exact products with c[t] (X.4) together: 256, as A.5 takes them.
 constexpr int64_t kLatentBlock = 256;
 
 // Significant bits of a finite double (53 for non-finite ones: the caller's bound then holds).

@@ -46,11 +46,11 @@ struct QueryRow {
 QueryRow query_row(const Case& k, int b, int i, int h, const Mp& eps);
 
 // The query rows of heads [h0, h1) of sequence b (row = i * H + h, every i), E.1-E.7. Rows are
-// independent, so shares of them run on separate threads; a share by heads forms the keys and
-// values of its heads' groups only (a group's rows stay together for any S_q), and alpha_k[t, g]
-// is stored by the share holding g's first head. Every call runs at the
-// precision the share was made at (its MPFR values keep it; temporaries take the default).
-// `counts`: this share's cursors count towards Dots::blocks_read (one share per run does).
+// independent, so shares of them run on separate threads; a share by heads forms the keys of its
+// heads' groups only (a group's rows stay together for any S_q), and alpha_k[t, g] is stored by
+// the share holding g's first head. Every call runs at the precision the share was made at (its
+// MPFR values keep it; temporaries take the default). `counts`: this share's cursor counts
+// towards Dots::blocks_read (one share per run does).
 class ExplicitRows {
  public:
   ExplicitRows(const Case& k, const Dots& d, int b, const std::vector<QueryRow>& rows, int h0,
