@@ -23,7 +23,11 @@ double product_peak_bytes(const MlaConfig& c) {
   // whole or streamed as exact_dots decides it (on the exact token count: a shape whose products
   // are exactly 1 GiB is formed whole)
   const bool whole = ref::whole_product_bytes(c) <= int64_t(1) << 30;
-  return whole ? tokens * elems * 35.0 : 5 * 256 * elems * 32.0;
+  // Inline terms per entry: 2 where both operands fit a float (bf16, fp16, fp32 data and weights),
+  // else 4 (fp64; fp8 codes times an fp32 scale), 8 B each (exact_dot.hpp, SlicedProduct)
+  const bool narrow = !is_fp8(c.profile) && c.profile != Profile::FP64;
+  const double per_entry = narrow ? 16.0 : 32.0;
+  return whole ? tokens * elems * (per_entry + 3.0) : 5 * 256 * elems * per_entry;
 }
 
 }  // namespace
@@ -35,7 +39,8 @@ double product_peak_bytes(const MlaConfig& c) {
 //   694 / 803 MB; streamed: 16384: 295 / 565 MB (fp32 303 MB, fp64 285 MB), 65536: 871 MB /
 //   1.39 GB, 262144: 3.25 / 4.69 GB; tiny batch 200, 400 x 512: 306 / 482 MB, 606 / 900 MB;
 //   deepseek-v3 256, 512: 775 / 839 MB, 1065 / 1141 MB; paper-g1 16384: 441 / 481 MB.
-// Terms: the exact products (32 B per key/value element, + 3 B while forming them) whole up to
+// Terms: the exact products (32 B per key/value element, 16 B where every operand fits a float,
+// + 3 B while forming them) whole up to
 // 1 GiB, else 5 blocks of 256 tokens (since X.8 the key product only, and ~150 B for each of
 // ref.explicit's S_q H r exact sums of E.7); ~28 B per weight element (the case's, the
 // implementations' converted and the sliced copies); per token the case and the implementations'
