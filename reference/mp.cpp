@@ -68,6 +68,11 @@ unsigned digits10_for(int bits) {
 }
 }  // namespace
 
+std::unique_lock<std::recursive_mutex> own_precision() {
+  static std::recursive_mutex m;
+  return std::unique_lock<std::recursive_mutex>(m);
+}
+
 PrecisionScope::PrecisionScope(int bits) : saved_digits10_(Mp::default_precision()) {
   Mp::default_precision(digits10_for(bits));
 }

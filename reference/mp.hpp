@@ -2,12 +2,20 @@
 #pragma once
 #include <boost/multiprecision/mpfr.hpp>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <vector>
 
 namespace qkmla::ref {
 
 using Mp = boost::multiprecision::mpfr_float;
+
+// Boost 1.74 keeps one process-wide default precision (no per-thread one), which PrecisionScope
+// sets. A computation that sets it (a truth, the convergence ladder) holds this lock for its whole
+// run, so that computations started from several threads at once (the C++ and Python APIs allow
+// it) run one after another instead of setting it under each other. Recursive: a holder may start
+// a nested one on its own thread.
+std::unique_lock<std::recursive_mutex> own_precision();
 
 // Sets the precision (bits) of every Mp constructed in its lifetime. Boost keeps this default in
 // one global, so a scope must not change while other threads construct Mp values: callers run

@@ -602,9 +602,9 @@ TEST_CASE("cli.report.estimate_memory_prints_the_model") {
   const Run ctx = run("report --profile bf16 --contexts 4096,300000 --estimate-memory");
   CHECK(ctx.code == 0);
   CHECK(bytes_in(ctx.out) == doctest::Approx(qkmla::case_peak_bytes(c)).epsilon(1e-9));
-  // The default report: five profiles whose truths run in waves of 2, 2 and 1, so only two
-  // profiles' exact products count (P each): 5 case_peak_bytes - 3 P. P from the model itself:
-  // a third case adds its bytes but its products (a wave of its own).
+  // The default report: five profiles whose truths run in waves of 2, 2 and 1, so only one wave's
+  // exact products count. With five cases of one shape and profile (P each): 5 case_peak_bytes -
+  // 3 P. P from the model itself: a third case adds its bytes but its products (a wave of its own).
   c.seqlens.assign(1, 4096);
   std::vector<qkmla::MlaConfig> five;
   for (auto p : {qkmla::Profile::FP64, qkmla::Profile::FP32, qkmla::Profile::BF16,
@@ -619,7 +619,7 @@ TEST_CASE("cli.report.estimate_memory_prints_the_model") {
       single - (qkmla::report_peak_bytes(triple, 2) - qkmla::report_peak_bytes(pair, 2));
   CHECK(products > 0.5 * single);  // the products dominate a 4096-token case
   CHECK(qkmla::report_peak_bytes(pair, 2) == doctest::Approx(2 * single).epsilon(1e-12));
-  CHECK(qkmla::report_peak_bytes(five, 2) ==
+  CHECK(qkmla::report_peak_bytes(std::vector<qkmla::MlaConfig>(5, c), 2) ==
         doctest::Approx(5 * single - 3 * products).epsilon(1e-9));
 }
 

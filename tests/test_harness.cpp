@@ -201,6 +201,41 @@ TEST_CASE("harness.truth.waves_give_the_bits_of_one_wave") {
   CHECK(compared > 30);
 }
 
+// Truths started from several threads at once (as the C++ and Python APIs allow) run one after
+// another under own_precision(): Boost's default precision is process-wide, and the phases of one
+// would otherwise set it under another's (the check run then refused the P run's key sums, S.6, or
+// rounded at the other truth's precision). Every output bit-identical to the truths run alone.
+TEST_CASE("harness.truth.concurrent_truths_give_their_own_bits") {
+  const uint64_t seed = test::seed(1602);
+  CAPTURE(seed);
+  std::vector<Case> cases;
+  for (int i = 0; i < 4; ++i)
+    cases.push_back(generate_case(test::tiny_config(i % 2 ? Profile::FP64 : Profile::FP32, {70, 33},
+                                                    2, NormMode::Blockwise, seed + i)));
+  TruthOptions o;
+  o.threads = 1;
+  std::vector<Truth> alone, together(cases.size());
+  for (const Case& k : cases) alone.push_back(compute_truth(k, o));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = compute_truth(cases[i], o); });
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    for (const Outputs* x : {&alone[i].explicit_p, &alone[i].check}) {
+      const Outputs& y = x == &alone[i].explicit_p ? together[i].explicit_p : together[i].check;
+      REQUIRE(x->tensors.size() == y.tensors.size());
+      for (const auto& [name, t] : x->tensors) {
+        CAPTURE(name);
+        CHECK(std::memcmp(t.data.data(), y.tensors.at(name).data.data(), t.data.size() * 8) == 0);
+        CHECK(std::memcmp(x->lo.at(name).data.data(), y.lo.at(name).data.data(),
+                          t.data.size() * 8) == 0);
+      }
+    }
+    CHECK(alone[i].agreeing_bits == together[i].agreeing_bits);
+  }
+}
+
 // A product's inline-terms array goes back to the pool when the product is destroyed, and the next
 // product of that size or smaller takes it, zero-filled.
 TEST_CASE("reference.exact_dot.term_pool_reuses_arrays") {

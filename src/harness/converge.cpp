@@ -33,6 +33,7 @@ struct DeepCapture {
 }  // namespace
 
 ConvergeResult run_converge(const MlaConfig& base, std::vector<int> bits) {
+  const auto owned = ref::own_precision();  // the ladder sets the process-wide precision
   std::sort(bits.begin(), bits.end());
   ConvergeResult res{base, bits, 4 * bits.back(), {}};
   std::vector<ImplId> ids;

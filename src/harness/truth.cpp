@@ -151,6 +151,7 @@ std::vector<std::vector<size_t>> plan_waves(const std::vector<int64_t>& product_
 
 std::vector<Truth> compute_truths(const std::vector<const Case*>& cases, const TruthOptions& o,
                                   const std::vector<std::function<void()>>& extra) {
+  const auto owned = ref::own_precision();  // its phases set the process-wide precision
   std::vector<Truth> truths(cases.size());
   std::vector<ref::KeptAlphaK> kept(cases.size());  // ref.explicit's alpha_k, until ref.absorbed
   Fillers fillers(extra);  // the caller's work, on threads a phase would leave idle
