@@ -15,8 +15,8 @@ struct ResourceError : std::runtime_error {
 };
 
 // Peak bytes to hold one case and compute its truth and CPU implementations: a model fitted to
-// peak RSS measured on this machine (see resources.cpp: the exact key/value products while they
-// are held whole, the weights, the case and the implementations' per-token caches, the packed
+// peak RSS measured on this machine (see resources.cpp: the exact key products while they are
+// held whole, the weights, the case and the implementations' per-token caches, the packed
 // logits), validated on held-out shapes by reports/memory_model.sh.
 double case_peak_bytes(const MlaConfig& c);
 

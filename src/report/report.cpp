@@ -196,7 +196,7 @@ Report run_report(const ReportOptions& opts) {
   tasks.clear();
   // The CPU implementations fill the threads the reference's phases leave idle, one task per
   // (profile, family).
-  say("exact key/value products and CPU profile implementations");
+  say("exact key products and CPU profile implementations");
   std::vector<std::vector<std::vector<Outputs>>> got(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     std::map<const ImplFamily*, std::vector<ImplId>> by_family;
