@@ -56,7 +56,7 @@ std::shared_ptr<const SlicedWeights> slice_weights(const Case& k) {
     }
   const Slicing plan =
       plan_slicing(a_spans, col_spans(wt.data.data(), wt.shape[1], r, wt.shape[1]), r);
-  if (plan.gemms_per_chunk > Dots::kMaxGemms) return nullptr;
+  if (plan.gemms_per_chunk > kMaxSlicedGemms) return nullptr;
   return std::make_shared<const SlicedWeights>(wt.data.data(), wt.shape[1], r, wt.shape[1], plan);
 }
 

@@ -34,12 +34,11 @@ class Dots {
     int cached =
         4;  // streaming: blocks kept (two runs at once, each reading one, forming the next)
     int64_t whole_bytes = int64_t(1) << 30;
-    // X.5 sliced GEMMs where their plan needs at most kMaxGemms per chunk; X.1-X.2 extraction
+    // X.5 sliced GEMMs where their plan needs at most kMaxSlicedGemms per chunk; X.1-X.2 extraction
     // otherwise (operands spanning very many binades). Either way the same exact values.
     bool sliced = true;
     int threads = 1;  // whole products: their 512-column tiles formed on this many threads
   };
-  static constexpr double kMaxGemms = 12.0;
 
   Dots() = default;
   Dots(const Case& k, Options o);

@@ -9,17 +9,15 @@ namespace qkmla::ref {
 
 namespace {
 
-constexpr double kSlicedMaxGemms = 12.0;
-
 // X [m, n] times D [n, cols] exactly: by X.5's sliced GEMMs where their plan costs at most
-// Dots::kMaxGemms per chunk, by X.1-X.2's extraction otherwise. The callers sum the entries'
+// kMaxSlicedGemms per chunk, by X.1-X.2's extraction otherwise. The callers sum the entries'
 // terms exactly (X.6), so either way gives the same sums.
 ExactProduct exact_product(const double* X, int64_t m, int64_t n, const double* D, int64_t ld,
                            int64_t cols, const WholeB* whole) {
   if (m > 0 && n > 0 && cols > 0) {
     try {
       const Slicing plan = plan_slicing(row_spans(X, n, m, n), col_spans(D, ld, n, cols), n);
-      if (plan.gemms_per_chunk <= kSlicedMaxGemms)
+      if (plan.gemms_per_chunk <= kMaxSlicedGemms)
         return sliced_matmul(X, n, m, SlicedWeights(D, ld, n, cols, plan));
     } catch (const std::domain_error&) {  // too wide to slice: extraction checks the range itself
     }

@@ -1,6 +1,7 @@
 // Dot products of multiprecision vectors with double data, evaluated exactly (step X.4): each
-// Mp value is split exactly into doubles (to_parts), exact_matmul forms every product sum
-// without rounding, and the expansions are summed exactly (X.6): one rounding per result.
+// Mp value is split exactly into doubles (to_parts), X.5's sliced GEMMs (or exact_matmul's
+// extraction where slicing costs more) form every product sum without rounding, and the
+// expansions are summed exactly (X.6): one rounding per result.
 #pragma once
 #include <vector>
 

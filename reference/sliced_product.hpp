@@ -44,6 +44,9 @@ struct Slicing {
 // row's and column's values, not on how the rows are later blocked, so blocks of A give the same
 // expansions as A whole. Without depth histograms (spans only) every value is sliced whole.
 Slicing plan_slicing(const Spans& a, const Spans& b, int64_t n);
+// Callers slice where the plan costs at most this many GEMMs per chunk and extract (X.1-X.2)
+// otherwise: beyond it, operands spanning very many binades, extraction is cheaper.
+constexpr double kMaxSlicedGemms = 12.0;
 Slicing plan_slicing(std::span<const int> a_spans, std::span<const int> b_spans, int64_t n);
 
 // One value's bits below its slices: x = (its slices) + rest, exactly.
